@@ -1,0 +1,1 @@
+"""Runnable examples; each is also exercised by the tests."""

@@ -1,0 +1,1 @@
+"""The source article's flow: a completed lesson is recorded, its event applied once."""

@@ -1,0 +1,1 @@
+"""kinbox: exactly-once database effects for Kafka consumers on PostgreSQL."""

@@ -1,0 +1,4 @@
+"""Throwaway local Kafka broker and PostgreSQL server.
+
+One launcher, shared by ``kinbox dev``, the tests and the benchmarks.
+"""

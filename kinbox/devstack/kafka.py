@@ -1,0 +1,182 @@
+"""A single-node Apache Kafka broker (KRaft, broker + controller) on loopback.
+
+The JVM runs from the jars of :mod:`kinbox.devstack.kafka_jars`. The broker can
+be killed, paused and restarted on the same ports and data, which the fault
+tests need; its advertised port can differ from its listening port, so a TCP
+fault proxy can stand in front of it (clients reconnect to the advertised
+address, so only then do all their connections pass the proxy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from kinbox.devstack.kafka_jars import broker_classpath
+from kinbox.devstack.process import ServiceProcess, free_port, port_open
+from kinbox.errors import ServiceError
+
+_MAIN = "kafka.Kafka"
+_STORAGE_TOOL = "kafka.tools.StorageTool"
+
+# Quiet logging: warnings and errors to the log file that failures quote.
+_LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="warn">
+  <Appenders>
+    <Console name="STDOUT"><PatternLayout pattern="[%d] %p %m (%c)%n"/></Console>
+  </Appenders>
+  <Loggers>
+    <Logger name="kafka.server.KafkaRaftServer" level="info"/>
+    <Root level="warn"><AppenderRef ref="STDOUT"/></Root>
+  </Loggers>
+</Configuration>
+"""
+
+
+def _properties(settings: dict[str, str]) -> str:
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+class KafkaBroker:
+    """A throwaway Kafka broker: ``start()``, ``kill()``, ``pause()``, ``stop()``.
+
+    Args:
+        advertised_port: the port clients are told to use (a fault proxy's);
+            defaults to the listening port.
+        settings: extra ``server.properties`` entries.
+    """
+
+    def __init__(
+        self, *, advertised_port: int | None = None, settings: dict[str, str] | None = None
+    ) -> None:
+        self.classpath, self.version = broker_classpath()
+        self.port = free_port()
+        self.controller_port = free_port()
+        self.advertised_port = advertised_port or self.port
+        self._base = Path(tempfile.mkdtemp(prefix="kinbox-kafka-"))
+        self._config = self._base / "server.properties"
+        self._process: ServiceProcess | None = None
+        self._formatted = False
+        log_config = self._base / "log4j2.xml"
+        log_config.write_text(_LOG4J2_XML)
+        self._jvm = [
+            "java", "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",
+            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log_config}",
+            "-cp", self.classpath,
+        ]  # fmt: skip
+        self._config.write_text(_properties(self._settings(settings or {})))
+
+    def _settings(self, extra: dict[str, str]) -> dict[str, str]:
+        return {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.advertised_port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "log.dirs": str(self._base / "data"),
+            "num.partitions": "3",
+            "auto.create.topics.enable": "true",
+            # One node: every internal topic has a single replica.
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "6",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            # Fast tests: no 3 s wait before the first rebalance, and short
+            # session timeouts allowed, so a SIGKILLed member leaves in seconds.
+            "group.initial.rebalance.delay.ms": "0",
+            "group.min.session.timeout.ms": "1000",
+            "group.consumer.min.session.timeout.ms": "1000",
+            "group.consumer.session.timeout.ms": "10000",
+            "group.consumer.min.heartbeat.interval.ms": "500",
+            "group.consumer.heartbeat.interval.ms": "1000",
+            **extra,
+        }
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The address clients use (the advertised one)."""
+        return f"127.0.0.1:{self.advertised_port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The JVM's pid while it runs."""
+        return self._process.pid if self._process and self._process.running() else None
+
+    def _format_storage(self) -> None:
+        cluster_id = uuid.uuid4().hex[:22]
+        result = subprocess.run(
+            [*self._jvm, _STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(self._config)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise ServiceError(
+                f"formatting Kafka storage failed ({result.returncode}):\n"
+                f"{result.stdout}{result.stderr}"
+            )
+        self._formatted = True
+
+    def start(self, timeout: float = 90.0) -> KafkaBroker:
+        """Start the broker (formatting storage the first time); wait until it serves metadata."""
+        if shutil.which("java") is None:
+            raise ServiceError("`java` (17 or newer) is needed to run the Kafka broker")
+        if not self._formatted:
+            self._format_storage()
+        self._process = ServiceProcess(
+            "kafka", [*self._jvm, _MAIN, str(self._config)], log_path=self._base / "broker.log"
+        )
+        self._process.wait_until(self._serves_metadata, timeout=timeout, what="serving metadata")
+        return self
+
+    def _serves_metadata(self) -> bool:
+        if not port_open(self.port):
+            return False
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{self.port}", "log_level": 0})
+        try:
+            metadata = admin.list_topics(timeout=2)
+        except Exception:  # any failure just means "not yet"
+            return False
+        return bool(metadata.brokers)
+
+    def kill(self) -> None:
+        """SIGKILL the broker (data and ports are kept for ``start()``)."""
+        if self._process is not None:
+            self._process.kill()
+
+    def pause(self) -> None:
+        """SIGSTOP the broker: connections stay open but nothing answers."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused broker."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        """Stop the broker: SIGTERM (controlled shutdown), SIGKILL if it hangs."""
+        if self._process is not None:
+            self._process.stop(signal.SIGTERM, timeout=20)
+
+    def close(self) -> None:
+        """Stop the broker and remove its files."""
+        self.stop()
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self._base)
+
+    def log_tail(self) -> str:
+        """The broker log's last lines."""
+        return self._process.log_tail() if self._process else ""

@@ -1,0 +1,77 @@
+"""Kafka + PostgreSQL together: one launcher for ``kinbox dev``, the tests and the benchmarks.
+
+Each half is either started here (a :class:`KafkaBroker`, a
+:class:`PostgresServer`) or taken from the environment when the user points at
+existing services: ``KINBOX_TEST_BOOTSTRAP`` for Kafka, ``KINBOX_TEST_DATABASE_URL``
+for PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+
+from kinbox.devstack.kafka import KafkaBroker
+from kinbox.devstack.postgres import PostgresServer
+
+EXTERNAL_KAFKA_ENV = "KINBOX_TEST_BOOTSTRAP"
+EXTERNAL_DATABASE_ENV = "KINBOX_TEST_DATABASE_URL"
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Addresses of a running Kafka and PostgreSQL, and the launched services if we own them."""
+
+    bootstrap_servers: str
+    database_url: str
+    kafka: KafkaBroker | None
+    postgres: PostgresServer | None
+
+    def describe(self) -> str:
+        """One line per service: what runs, which version, where."""
+        if self.kafka is not None:
+            kafka = (
+                f"Apache Kafka {self.kafka.version} (JVM broker, KRaft, pid {self.kafka.pid}) "
+                f"at {self.bootstrap_servers}"
+            )
+        else:
+            kafka = f"Kafka at {self.bootstrap_servers} (external, {EXTERNAL_KAFKA_ENV})"
+        if self.postgres is not None:
+            postgres = (
+                f"PostgreSQL {self.postgres.version} (pid {self.postgres.pid}, "
+                f"fsync={'on' if self.postgres.fsync else 'off'}) at {self.database_url}"
+            )
+        else:
+            postgres = f"PostgreSQL at {self.database_url} (external, {EXTERNAL_DATABASE_ENV})"
+        return f"{kafka}\n{postgres}"
+
+
+@contextmanager
+def local_stack(*, fsync: bool = False, use_external: bool = True) -> Iterator[Stack]:
+    """Start (or find) Kafka and PostgreSQL; stop what was started on exit, even on errors.
+
+    Args:
+        fsync: durable PostgreSQL commits (benchmarks want this; tests do not).
+        use_external: honour ``KINBOX_TEST_BOOTSTRAP`` / ``KINBOX_TEST_DATABASE_URL``.
+    """
+    external_kafka = os.environ.get(EXTERNAL_KAFKA_ENV) if use_external else None
+    external_db = os.environ.get(EXTERNAL_DATABASE_ENV) if use_external else None
+    with ExitStack() as cleanup:
+        postgres: PostgresServer | None = None
+        kafka: KafkaBroker | None = None
+        if not external_db:
+            postgres = PostgresServer(fsync=fsync)
+            cleanup.callback(postgres.close)
+            postgres.start()
+        if not external_kafka:
+            kafka = KafkaBroker()
+            cleanup.callback(kafka.close)
+            kafka.start()
+        yield Stack(
+            bootstrap_servers=external_kafka or (kafka.bootstrap_servers if kafka else ""),
+            database_url=external_db or (postgres.url if postgres else ""),
+            kafka=kafka,
+            postgres=postgres,
+        )

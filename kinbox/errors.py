@@ -1,0 +1,103 @@
+"""The one error tree of kinbox.
+
+::
+
+    KinboxError
+    ├── ConfigurationError(KinboxError, ValueError)   bad settings, duplicate handler
+    ├── EnvelopeError                                  bad/missing event id, undecodable payload
+    ├── StoreError                                     from psycopg errors; .transient
+    │   └── SchemaError                                kinbox tables missing or too old
+    ├── TransportError                                 from KafkaException; .retriable
+    ├── ServiceError                                   a local dev service failed to start
+    └── (control flow, never logged as errors)
+        ├── Retry(delay)                               a handler asks to be tried again later
+        └── DeadLetter(reason)                         a handler gives the event up
+
+Library exceptions are translated at the seam where they enter (``store`` for
+psycopg, ``transport`` for confluent-kafka) to the most specific class here,
+with ``raise ... from exc`` so the cause stays visible.
+"""
+
+from __future__ import annotations
+
+
+class KinboxError(Exception):
+    """Base class of every error kinbox raises on purpose."""
+
+
+class ConfigurationError(KinboxError, ValueError):
+    """A setting, a name or a registration is invalid.
+
+    Raised at start-up (or at import, for handler registration), never while
+    events are flowing. The message names the setting, the value and what is
+    allowed.
+    """
+
+
+class EnvelopeError(KinboxError):
+    """A Kafka record cannot be turned into an event.
+
+    The event id is missing or malformed, or the payload cannot be decoded.
+    ``topic``/``partition``/``offset`` locate the record.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        topic: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+
+
+class StoreError(KinboxError):
+    """PostgreSQL failed.
+
+    ``transient`` is true when trying again may succeed (connection lost,
+    server restart, deadlock, serialization failure).
+    """
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class SchemaError(StoreError):
+    """The kinbox tables are missing or older than this version needs."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=False)
+
+
+class TransportError(KinboxError):
+    """Kafka failed; ``retriable`` says whether the client may try again."""
+
+    def __init__(self, message: str, *, retriable: bool) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class ServiceError(KinboxError):
+    """A local service (Kafka broker, PostgreSQL server) could not be started or reached."""
+
+
+class Retry(KinboxError):
+    """Raised by a handler to ask for the event to be tried again after ``delay`` seconds."""
+
+    def __init__(self, delay: float = 1.0, reason: str = "") -> None:
+        super().__init__(reason or f"retry requested in {delay}s")
+        self.delay = delay
+        self.reason = reason
+
+
+class DeadLetter(KinboxError):
+    """Raised by a handler to give the event up: it goes to the dead-letter topic."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
