@@ -19,8 +19,8 @@ def main() -> None:
         producer.produce("lesson-events", b'{"userId": "u1", "lessonId": "l1"}',
                          headers={"event-id": event_id})  # fmt: skip
         producer.flush(30)
-        consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "demo",
-                             "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+        settings = {"bootstrap.servers": stack.bootstrap_servers, "group.id": "demo"}
+        consumer = Consumer({**settings, "auto.offset.reset": "earliest"})
         consumer.subscribe(["lesson-events"])
         with psycopg.connect(stack.database_url) as conn:
             conn.execute("CREATE TABLE seen (event_id text PRIMARY KEY, payload text)")
