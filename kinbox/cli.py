@@ -1,13 +1,222 @@
-"""The ``kinbox`` command."""
+"""The ``kinbox`` command: ``worker`` and ``migrate`` (``dev`` and ``outbox`` mount here too).
+
+Exit codes tell a supervisor what went wrong without parsing logs:
+2 configuration, 3 import, 4 connection, 5 schema not migrated.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any, NoReturn
 
 import click
 
-from kinbox.devstack.command import dev
+from kinbox.config import Settings
+from kinbox.errors import ConfigurationError, KinboxError, SchemaError, StoreError, TransportError
+from kinbox.inbox_schema import INBOX
+from kinbox.migrations import Component, render
+
+EXIT_CONFIG = 2
+EXIT_IMPORT = 3
+EXIT_CONNECT = 4
+EXIT_SCHEMA = 5
+
+log = logging.getLogger("kinbox.cli")
 
 
 @click.group()
-def main() -> None:
-    """kinbox: exactly-once database effects for Kafka consumers on PostgreSQL."""
+@click.option(
+    "--log-level",
+    default="INFO",
+    envvar="KINBOX_LOG_LEVEL",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.pass_context
+def main(ctx: click.Context, log_level: str) -> None:
+    """Exactly-once database effects for Kafka consumers on PostgreSQL."""
+    ctx.obj = {"log_level": log_level.upper()}
+    _configure_logging(log_level.upper())
 
 
-main.add_command(dev)
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level,
+        format=f"%(asctime)s %(levelname)s [{os.getpid()}] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _kafka_overrides(values: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(
+                f"{item.split('=')[0]!r}...: use -X key=value", param_hint="-X"
+            )
+        out[key.strip()] = value
+    return out
+
+
+@main.command()
+@click.argument("target", metavar="MODULE[:APP]")
+@click.option(
+    "--processes",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Group members to run, one process each.",
+)
+@click.option("--bootstrap-servers", help="Kafka brokers [KINBOX_BOOTSTRAP_SERVERS].")
+@click.option("--database-url", help="PostgreSQL URL [KINBOX_DATABASE_URL].")
+@click.option("--group-id", help="Consumer group, also the dedup scope [KINBOX_GROUP_ID].")
+@click.option("--schema", help="Schema of the kinbox tables [KINBOX_SCHEMA].")
+@click.option(
+    "--id-header",
+    "id_headers",
+    multiple=True,
+    help="Event id header, in order of preference (repeatable).",
+)
+@click.option("--batch-max-messages", type=int, help="Most records per poll.")
+@click.option("--batch-max-wait", type=float, help="Longest wait for a poll, seconds.")
+@click.option("--shutdown-timeout", type=float, help="Longest graceful shutdown, seconds.")
+@click.option(
+    "-X",
+    "kafka",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="librdkafka property, e.g. -X security.protocol=SASL_SSL (repeatable).",
+)
+@click.pass_context
+def worker(ctx: click.Context, /, target: str, processes: int, kafka: tuple[str, ...],
+           id_headers: tuple[str, ...], **options: Any) -> None:  # fmt: skip
+    """Run the handlers of MODULE (default app) or MODULE:APP as consumer group member(s)."""
+    flags: dict[str, Any] = dict(options)
+    flags["id_headers"] = id_headers or None
+    flags["kafka_overrides"] = _kafka_overrides(kafka) or None
+    # Resolve once here so a bad target or setting fails before any fork.
+    app, settings = _guard(lambda: _resolve(target, flags))
+    if processes == 1:
+        _guard(lambda: _run(app, settings))
+        return
+    sys.exit(_supervise(target, flags, processes, ctx.obj["log_level"]))
+
+
+def _resolve(target: str, flags: dict[str, Any]) -> tuple[Any, Settings]:
+    from kinbox.worker import resolve
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: the app lives in the project
+    return resolve(target, flags, os.environ)
+
+
+def _run(app: Any, settings: Settings) -> None:
+    from kinbox.worker import run
+
+    run(app, settings)
+
+
+def _child(target: str, flags: dict[str, Any], log_level: str) -> None:
+    # Own process group: a terminal's Ctrl-C reaches only the supervisor,
+    # which forwards one SIGTERM per signal (two would mean "exit at once").
+    os.setpgid(0, 0)
+    _configure_logging(log_level)
+    app, settings = _guard(lambda: _resolve(target, flags))
+    _guard(lambda: _run(app, settings))
+
+
+def _supervise(target: str, flags: dict[str, Any], processes: int, log_level: str) -> int:
+    ctx = multiprocessing.get_context("spawn")
+    children = [
+        ctx.Process(target=_child, args=(target, flags, log_level), name=f"kinbox-worker-{i}")
+        for i in range(processes)
+    ]
+    for child in children:
+        child.start()
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        for child in children:
+            if child.pid is not None and child.exitcode is None:
+                os.kill(child.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    for child in children:
+        child.join()
+    return max(abs(child.exitcode or 0) for child in children)
+
+
+def _guard(action: Any) -> Any:
+    """Run ``action``; turn kinbox's start-up errors into a message and an exit code."""
+    try:
+        return action()
+    except ImportError as exc:
+        _die(f"cannot import the app: {exc}", EXIT_IMPORT)
+    except ConfigurationError as exc:
+        _die(f"configuration error: {exc}", EXIT_CONFIG)
+    except SchemaError as exc:
+        _die(str(exc), EXIT_SCHEMA)
+    except (StoreError, TransportError) as exc:
+        _die(f"cannot connect: {exc}", EXIT_CONNECT)
+    except KinboxError as exc:
+        _die(str(exc), 1)
+
+
+def _die(message: str, code: int) -> NoReturn:
+    click.echo(f"kinbox: {message}", err=True)
+    sys.exit(code)
+
+
+def components() -> list[Component]:
+    """The schema components to migrate: the inbox, and the outbox when installed."""
+    found = [INBOX]
+    try:
+        from producer_outbox.schema import OUTBOX  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        pass
+    else:
+        found.append(OUTBOX)
+    return found
+
+
+@main.command()
+@click.option("--database-url", help="PostgreSQL URL [KINBOX_DATABASE_URL].")
+@click.option("--schema", help="Schema of the kinbox tables [KINBOX_SCHEMA].")
+@click.option(
+    "--sql", "print_sql", is_flag=True, help="Print the DDL and exit, without connecting."
+)
+def migrate(database_url: str | None, schema: str | None, print_sql: bool) -> None:
+    """Create or upgrade the kinbox tables (idempotent, safe to run concurrently)."""
+    from kinbox.store import apply_migrations
+
+    settings = _guard(
+        lambda: Settings.load({"database_url": database_url, "schema": schema}, os.environ)
+    )
+    if print_sql:
+        click.echo(_guard(lambda: render(settings.schema, components())), nl=False)
+        return
+    if not settings.database_url:
+        _die("set --database-url or KINBOX_DATABASE_URL", EXIT_CONFIG)
+    done = _guard(lambda: apply_migrations(settings.database_url, settings.schema, components()))
+    for name, (before, after) in done.items():
+        state = "up to date" if before == after else f"migrated {before} -> {after}"
+        click.echo(f"{settings.schema}.{name}: version {after} ({state})")
+
+
+try:
+    from producer_outbox.cli import outbox  # type: ignore[import-not-found,unused-ignore]
+except ImportError:
+    pass
+else:
+    main.add_command(outbox)
+
+
+if __name__ == "__main__":
+    main()

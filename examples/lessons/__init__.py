@@ -1,1 +1,1 @@
-"""The source article's flow: a completed lesson is recorded, its event applied once."""
+"""The lessons example: CompleteLesson publishes an event; a handler applies progress once."""

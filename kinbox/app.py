@@ -1,0 +1,129 @@
+"""The handler registry: :class:`App`, and the bare :func:`handler` on a default app.
+
+Decorating only records the function: no I/O, no connection. A topic
+registered twice, an illegal topic name or a non-callable fails at import
+with :class:`~kinbox.errors.ConfigurationError`, so a typo never reaches
+production as a silently ignored handler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from kinbox.config import Settings
+from kinbox.errors import ConfigurationError
+from kinbox.event import Event
+from kinbox.names import topic_name
+
+EventHandler = Callable[[Event, Any], object]
+"""``handler(event, tx)``: ``tx`` is the psycopg ``Connection``, inside the inbox transaction."""
+BatchHandler = Callable[[list[Event], Any], object]
+"""``handler(events, tx)``: the fresh events of one partition batch, in offset order."""
+
+F = TypeVar("F", bound=Callable[..., object])
+
+_SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))
+
+
+@dataclass(frozen=True)
+class Route:
+    """One registration: which function handles a topic, and in which form."""
+
+    topic: str
+    fn: Callable[..., object]
+    batch: bool
+
+    @property
+    def name(self) -> str:
+        """The handler's qualified name, for logs."""
+        module = getattr(self.fn, "__module__", "?")
+        return f"{module}.{getattr(self.fn, '__qualname__', repr(self.fn))}"
+
+
+class App:
+    """A set of handlers plus the app's own setting choices.
+
+    Args:
+        group_id: the Kafka consumer group, which is also the inbox's dedup
+            scope: two apps with different group ids each apply an event once.
+        **settings: any other :class:`~kinbox.config.Settings` field
+            (``schema``, ``id_headers``, ``batch_max_messages``, ...); flags
+            and ``KINBOX_*`` env override them.
+
+    Raises:
+        ConfigurationError: an unknown setting name.
+    """
+
+    def __init__(self, group_id: str | None = None, **settings: Any) -> None:
+        unknown = set(settings) - _SETTING_NAMES
+        if unknown:
+            raise ConfigurationError(
+                f"unknown App setting(s) {sorted(unknown)!r}; allowed: {sorted(_SETTING_NAMES)}"
+            )
+        if group_id is not None:
+            settings["group_id"] = group_id
+        self._defaults = settings
+        self._routes: dict[str, Route] = {}
+
+    @property
+    def routes(self) -> Mapping[str, Route]:
+        """Registered routes by topic."""
+        return dict(self._routes)
+
+    @property
+    def topics(self) -> list[str]:
+        """Registered topics, sorted."""
+        return sorted(self._routes)
+
+    def handler(self, topic: str, *, batch: bool = False) -> Callable[[F], F]:
+        """Register the decorated function for ``topic``; return it unchanged.
+
+        Args:
+            topic: a legal Kafka topic name, registered at most once per app.
+            batch: the function takes ``(events, tx)`` — the fresh events of
+                one partition batch — instead of ``(event, tx)``.
+
+        Raises:
+            ConfigurationError: illegal topic name, topic already registered,
+                or the decorated object is not callable.
+        """
+        topic_name(topic, setting="handler topic")
+
+        def register(fn: F) -> F:
+            if not callable(fn):
+                raise ConfigurationError(f"@handler({topic!r}) needs a callable, got {fn!r}")
+            route = Route(topic, fn, batch)
+            existing = self._routes.get(topic)
+            if existing is not None:
+                raise ConfigurationError(
+                    f"topic {topic!r} already has handler {existing.name}; "
+                    f"cannot register {route.name} too (one handler per topic)"
+                )
+            self._routes[topic] = route
+            return fn
+
+        return register
+
+    def settings(
+        self, flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Resolve settings: ``flags`` > ``KINBOX_*`` in ``env`` > this app's > defaults."""
+        return Settings.load(flags, env, base=Settings(**self._defaults))
+
+    def __repr__(self) -> str:
+        return f"App(group_id={self._defaults.get('group_id')!r}, topics={self.topics!r})"
+
+
+default_app = App()
+"""The app the bare :func:`handler` decorator registers on."""
+
+
+def handler(topic: str, *, batch: bool = False) -> Callable[[F], F]:
+    """Register the decorated function for ``topic`` on :data:`default_app`.
+
+    See :meth:`App.handler`.
+    """
+    return default_app.handler(topic, batch=batch)

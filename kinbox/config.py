@@ -1,0 +1,158 @@
+"""Worker settings: one frozen dataclass, filled from flags > ``KINBOX_*`` env > app > defaults.
+
+Every setting has a default except the ones naming the outside world
+(``database_url``, ``group_id``); :meth:`Settings.validate` checks them all at
+start-up and names the setting, the value and what is allowed. Secrets
+(database passwords, SASL/SSL secrets in ``-X`` overrides) never appear in
+``repr()``, logs or error messages: :meth:`Settings.redacted` masks them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kinbox.errors import ConfigurationError
+from kinbox.names import sql_identifier
+
+ENV_PREFIX = "KINBOX_"
+
+# kinbox's offset guarantee rests on these; an override would silently break it.
+_PROTECTED_KAFKA_KEYS = {
+    "enable.auto.commit": "kinbox commits offsets itself, after the database commit",
+    "enable.auto.offset.store": "kinbox commits offsets itself, after the database commit",
+    "group.id": "use --group-id / KINBOX_GROUP_ID",
+}
+_SECRET_KEY = re.compile(r"password|secret|token|jaas|oauthbearer\.config|key\.pem|credential")
+_URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*(@)")
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
+MASK = "***"
+
+
+@dataclass(frozen=True, repr=False)
+class Settings:
+    """Everything a worker needs to run; see the module docstring for precedence."""
+
+    bootstrap_servers: str = "localhost:9092"
+    database_url: str = ""
+    group_id: str = ""
+    schema: str = "kinbox"
+    id_headers: tuple[str, ...] = ("event-id", "ce_id", "id")
+    batch_max_messages: int = 500
+    batch_max_wait: float = 0.1
+    shutdown_timeout: float = 30.0
+    max_poll_interval: float = 300.0
+    session_timeout: float = 45.0
+    pool_size: int = 2
+    retry_initial: float = 0.5
+    retry_max: float = 30.0
+    kafka_overrides: Mapping[str, str] = field(default_factory=dict)
+
+    def validate(self) -> Settings:
+        """Check every setting; return ``self`` so calls chain.
+
+        Raises:
+            ConfigurationError: naming the first bad setting, its value and what is allowed.
+        """
+        if not self.bootstrap_servers.strip():
+            _bad("bootstrap_servers", self.bootstrap_servers, "host:port[,host:port...]")
+        if not self.database_url.strip():
+            _bad("database_url", "", "a PostgreSQL URL (--database-url or KINBOX_DATABASE_URL)")
+        if not self.group_id.strip() or len(self.group_id.encode()) > 255:
+            _bad("group_id", self.group_id, "1-255 bytes (--group-id, KINBOX_GROUP_ID or App)")
+        sql_identifier(self.schema, setting="schema")
+        if not self.id_headers or any(not h or not isinstance(h, str) for h in self.id_headers):
+            _bad("id_headers", self.id_headers, "one or more non-empty header names")
+        if not 1 <= self.batch_max_messages <= 100_000:
+            _bad("batch_max_messages", self.batch_max_messages, "1..100000")
+        for name in ("batch_max_wait", "shutdown_timeout", "retry_initial", "retry_max"):
+            if not getattr(self, name) > 0:
+                _bad(name, getattr(self, name), "a positive number of seconds")
+        if not 1 <= self.session_timeout <= self.max_poll_interval:
+            _bad(
+                "session_timeout",
+                self.session_timeout,
+                f"1s..max_poll_interval ({self.max_poll_interval}s)",
+            )
+        if self.pool_size < 1:
+            _bad("pool_size", self.pool_size, "1 or more")
+        for key in self.kafka_overrides:
+            if key in _PROTECTED_KAFKA_KEYS:
+                _bad(f"-X {key}", self.kafka_overrides[key], _PROTECTED_KAFKA_KEYS[key])
+        return self
+
+    def redacted(self) -> dict[str, Any]:
+        """Return the settings as a dict that is safe to log: secrets are masked."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["database_url"] = redact_url(self.database_url)
+        out["kafka_overrides"] = {
+            k: (MASK if _SECRET_KEY.search(k) else v) for k, v in self.kafka_overrides.items()
+        }
+        return out
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.redacted().items())
+        return f"Settings({inner})"
+
+    @classmethod
+    def load(
+        cls,
+        flags: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        base: Settings | None = None,
+    ) -> Settings:
+        """Merge ``flags`` (not ``None`` values) over ``KINBOX_*`` in ``env`` over ``base``.
+
+        ``base`` carries the app's own choices (``App(group_id=...)``) over the
+        defaults. Env values are parsed by the field's type; tuples are
+        comma-separated. The result is not validated: call :meth:`validate`.
+
+        Raises:
+            ConfigurationError: an env value does not parse, or a flag is unknown.
+        """
+        current = base or cls()
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        changes: dict[str, Any] = {}
+        for name in fields:
+            raw = (env or {}).get(ENV_PREFIX + name.upper())
+            if raw is not None and name != "kafka_overrides":
+                changes[name] = _parse(name, raw, getattr(current, name))
+        for name, value in (flags or {}).items():
+            if name not in fields:
+                raise ConfigurationError(f"unknown setting {name!r}")
+            if value is None:
+                continue
+            if name == "kafka_overrides":
+                value = {**current.kafka_overrides, **value}
+            changes[name] = value
+        return dataclasses.replace(current, **changes)
+
+
+def redact_url(url: str) -> str:
+    """Mask the password in a PostgreSQL URL or ``key=value`` conninfo string."""
+    return _KV_PASSWORD.sub(rf"\g<1>{MASK}", _URL_PASSWORD.sub(rf"\g<1>{MASK}\g<2>", url))
+
+
+def _parse(name: str, raw: str, default: object) -> Any:
+    try:
+        if isinstance(default, tuple):
+            return tuple(part.strip() for part in raw.split(",") if part.strip())
+        if isinstance(default, bool):
+            return raw.lower() in {"1", "true", "yes", "on"}
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+    except ValueError:
+        shown = MASK if "url" in name else raw
+        raise ConfigurationError(
+            f"{ENV_PREFIX}{name.upper()}={shown!r} is not a valid {type(default).__name__}"
+        ) from None
+    return raw
+
+
+def _bad(name: str, value: object, allowed: str) -> None:
+    raise ConfigurationError(f"{name}={value!r} is not allowed: {allowed}")

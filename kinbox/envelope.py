@@ -1,0 +1,88 @@
+"""Turn a Kafka record into an :class:`~kinbox.event.Event`, or say why not.
+
+The event id comes from the first configured header present (``event-id``,
+then CloudEvents' ``ce_id``, then Debezium's ``id`` by default). A record
+whose id is missing or malformed raises :class:`~kinbox.errors.EnvelopeError`
+carrying topic/partition/offset; the runner hands it to the failure policy,
+so bad input never crashes the loop and is never skipped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kinbox.errors import EnvelopeError
+from kinbox.event import Event
+
+MAX_ID_BYTES = 255
+"""Longest event id accepted, in UTF-8 bytes (the ``event_id`` column holds text)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A Kafka record as the transport hands it over: plain data, no client objects."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes | None]] = ()
+    timestamp: int | None = None
+
+
+def event_id(record: Record, id_headers: Sequence[str]) -> str:
+    """Return the record's event id from the first of ``id_headers`` it carries.
+
+    A header repeated with the same value is accepted; repeated with different
+    values it is ambiguous, and the record is rejected rather than guessed at.
+
+    Raises:
+        EnvelopeError: no id header, or the id is empty, not UTF-8, too long
+            or ambiguous.
+    """
+    for name in id_headers:
+        values = [value for key, value in record.headers if key == name]
+        if not values:
+            continue
+        if any(value != values[0] for value in values[1:]):
+            raise _error(record, f"header {name!r} is repeated with different values")
+        raw = values[0]
+        if raw is None or raw == b"":
+            raise _error(record, f"header {name!r} is empty")
+        if len(raw) > MAX_ID_BYTES:
+            raise _error(record, f"header {name!r} is {len(raw)} bytes, at most {MAX_ID_BYTES}")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _error(record, f"header {name!r} is not UTF-8: {raw[:40]!r}") from None
+    raise _error(record, f"no event id header (looked for {', '.join(id_headers)})")
+
+
+def to_event(record: Record, id_headers: Sequence[str], attempt: int = 1) -> Event:
+    """Build the :class:`Event` for ``record``.
+
+    Raises:
+        EnvelopeError: see :func:`event_id`.
+    """
+    return Event(
+        id=event_id(record, id_headers),
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key,
+        value=record.value if record.value is not None else b"",
+        headers=record.headers,
+        timestamp=record.timestamp,
+        attempt=attempt,
+    )
+
+
+def _error(record: Record, reason: str) -> EnvelopeError:
+    return EnvelopeError(
+        f"{reason} at {record.topic}[{record.partition}]@{record.offset}",
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+    )

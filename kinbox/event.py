@@ -1,0 +1,52 @@
+"""The event a handler receives: one Kafka record with a validated id."""
+
+from __future__ import annotations
+
+import json as _json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One Kafka record, as a handler sees it.
+
+    Attributes:
+        id: the event id (from the first configured id header present); the
+            inbox deduplicates on ``(consumer group, id)``.
+        topic: the topic the record came from.
+        partition: its partition.
+        offset: its offset in that partition.
+        key: the record key, or ``None``.
+        value: the raw payload bytes (``b""`` for a tombstone).
+        headers: every record header, in order; a name may repeat.
+        timestamp: the record timestamp in milliseconds since the epoch, if any.
+        attempt: 1 on the first try in this process, 2 after one failed try, ...
+    """
+
+    id: str
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: Sequence[tuple[str, bytes | None]] = field(default=(), repr=False)
+    timestamp: int | None = None
+    attempt: int = 1
+
+    def json(self) -> Any:
+        """Decode the payload as JSON (UTF-8).
+
+        Raises:
+            ValueError: the payload is not valid JSON (``json.JSONDecodeError``
+                or ``UnicodeDecodeError``, both ``ValueError``).
+        """
+        return _json.loads(self.value)
+
+    def header(self, name: str) -> bytes | None:
+        """Return the value of the first header called ``name``, or ``None``."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None

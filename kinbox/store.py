@@ -1,0 +1,207 @@
+"""The inbox store: the only module that talks to PostgreSQL for the inbox.
+
+:class:`InboxStore` is the seam the runner depends on (a fake implements it
+in the unit tests); :class:`PostgresInboxStore` is the real one, on a
+``psycopg_pool`` pool. Every psycopg error leaving this module is translated
+to :class:`~kinbox.errors.StoreError` with ``transient`` set when trying
+again may succeed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from kinbox import migrations
+from kinbox.errors import SchemaError, StoreError
+from kinbox.event import Event
+from kinbox.inbox_schema import INBOX
+from kinbox.names import sql_identifier
+
+_TRANSIENT: tuple[type[Exception], ...] = (
+    # Connection refused/lost, server restart (AdminShutdown), lock/statement
+    # timeouts, too many connections: all OperationalError in psycopg.
+    psycopg.OperationalError,
+    # Serialization failure and deadlock are TransactionRollback (also an
+    # OperationalError); listed for the reader: the server asks for a retry.
+    pg_errors.SerializationFailure,
+    pg_errors.DeadlockDetected,
+    # "the connection is closed": the pool replaces it on the next checkout.
+    psycopg.InterfaceError,
+)
+
+
+class InboxTransaction(Protocol):
+    """One open inbox transaction, as the batch processor uses it."""
+
+    @property
+    def connection(self) -> Any:
+        """The object handlers receive as ``tx`` (a psycopg ``Connection``)."""
+
+    def claim(self, events: Sequence[Event]) -> list[Event]:
+        """Record ``events`` as processed for this consumer; return the fresh ones.
+
+        Fresh means: not recorded before (by any earlier transaction) and the
+        first of its id within ``events``. The order of ``events`` is kept.
+        """
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        """A nested transaction: an exception inside rolls back only its work."""
+
+
+class InboxStore(Protocol):
+    """Where the inbox keeps ``processed_events``."""
+
+    def transaction(self) -> AbstractContextManager[InboxTransaction]:
+        """Open a transaction; it commits when the block exits normally.
+
+        Raises:
+            StoreError: from the database (``transient`` says whether to retry).
+        """
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+def translate(exc: BaseException) -> StoreError:
+    """Return the :class:`StoreError` for a psycopg (or pool) exception."""
+    return StoreError(f"{type(exc).__name__}: {exc}".strip(), transient=isinstance(exc, _TRANSIENT))
+
+
+def first_occurrences(events: Sequence[Event]) -> list[Event]:
+    """Return ``events`` without later repeats of an id (first occurrence wins)."""
+    seen: set[str] = set()
+    out = []
+    for event in events:
+        if event.id not in seen:
+            seen.add(event.id)
+            out.append(event)
+    return out
+
+
+class PostgresInboxStore:
+    """:class:`InboxStore` on PostgreSQL.
+
+    Args:
+        conninfo: a libpq URL or ``key=value`` string.
+        schema: where ``processed_events`` lives (validated identifier).
+        consumer: the dedup scope, the Kafka consumer group id.
+        pool_size: most connections held (the runner uses one at a time).
+    """
+
+    def __init__(self, conninfo: str, *, schema: str, consumer: str, pool_size: int = 2) -> None:
+        self._schema = sql_identifier(schema, setting="schema")
+        self._consumer = consumer
+        # check_connection costs one round trip per checkout but turns a
+        # connection killed by a server restart into a fresh one instead of a
+        # failed batch.
+        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max(1, pool_size),
+            open=False,
+            check=ConnectionPool.check_connection,
+            name="kinbox-inbox",
+        )
+        # One statement decides which events are fresh. The primary key
+        # (consumer, event_id) makes a second delivery conflict with the first
+        # one's row, or wait for the first one's transaction and then
+        # conflict, so two members that briefly own the same partition during
+        # a rebalance still apply the event once. Never SELECT-then-INSERT:
+        # that races.
+        self._claim = sql.SQL(
+            "INSERT INTO {}.processed_events"
+            ' (consumer, event_id, status, topic, partition, "offset")'
+            " SELECT %s, c.event_id, 'applied', c.topic, c.partition, c.off"
+            " FROM unnest(%s::text[], %s::text[], %s::int[], %s::bigint[])"
+            " AS c(event_id, topic, partition, off)"
+            " ON CONFLICT (consumer, event_id) DO NOTHING"
+            " RETURNING event_id"
+        ).format(sql.Identifier(self._schema))
+
+    def open(self, timeout: float = 30.0) -> None:
+        """Open the pool and check that ``kinbox migrate`` has run.
+
+        Raises:
+            SchemaError: the inbox tables are missing or too old (says what to run).
+            StoreError: the database cannot be reached within ``timeout``.
+        """
+        try:
+            self._pool.open(wait=True, timeout=timeout)
+            with self._pool.connection() as conn:
+                migrations.check(conn, self._schema, INBOX)
+        except SchemaError:
+            raise
+        except (psycopg.Error, TimeoutError) as exc:  # PoolTimeout is an OperationalError
+            raise translate(exc) from exc
+
+    @contextmanager
+    def transaction(self) -> Iterator[InboxTransaction]:
+        """See :meth:`InboxStore.transaction`."""
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                yield _PostgresTransaction(conn, self._consumer, self._claim)
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+
+    def close(self) -> None:
+        """Close the pool."""
+        self._pool.close()
+
+
+class _PostgresTransaction:
+    def __init__(self, conn: psycopg.Connection[Any], consumer: str, claim: sql.Composed) -> None:
+        self._conn = conn
+        self._consumer = consumer
+        self._claim_sql = claim
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        return self._conn
+
+    def claim(self, events: Sequence[Event]) -> list[Event]:
+        unique = first_occurrences(events)
+        if not unique:
+            return []
+        params = (
+            self._consumer,
+            [e.id for e in unique],
+            [e.topic for e in unique],
+            [e.partition for e in unique],
+            [e.offset for e in unique],
+        )
+        try:
+            rows = self._conn.execute(self._claim_sql, params).fetchall()
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+        fresh = {row[0] for row in rows}
+        return [e for e in unique if e.id in fresh]
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        try:
+            with self._conn.transaction():
+                yield
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+
+
+def apply_migrations(
+    conninfo: str, schema: str, components: Sequence[migrations.Component]
+) -> dict[str, tuple[int, int]]:
+    """Run :func:`kinbox.migrations.migrate` on a fresh connection (``kinbox migrate``).
+
+    Raises:
+        StoreError: the database failed or could not be reached.
+    """
+    try:
+        with psycopg.connect(conninfo, connect_timeout=10) as conn:
+            return migrations.migrate(conn, schema, components)
+    except psycopg.Error as exc:
+        raise translate(exc) from exc

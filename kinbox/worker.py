@@ -1,0 +1,106 @@
+"""One worker process: load the app, wire the real store and transport, handle signals.
+
+Signals: the first SIGTERM/SIGINT stops fetching; the batch in hand is
+finished, its database transaction and then its offsets are committed, and
+the consumer and pool are closed. If that takes longer than
+``shutdown_timeout`` — or a second signal arrives — the process exits at
+once; that is safe, because an offset is only ever committed after its
+database transaction, so the next owner re-reads and the inbox suppresses
+what was already applied.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Mapping
+from types import FrameType
+from typing import Any
+
+from kinbox.app import App, default_app
+from kinbox.config import Settings
+from kinbox.errors import ConfigurationError
+from kinbox.runner import Runner
+from kinbox.store import PostgresInboxStore
+from kinbox.transport import KafkaTransport
+
+log = logging.getLogger(__name__)
+
+EXIT_INTERRUPTED = 130
+"""Exit status after a second signal or a shutdown timeout."""
+
+
+def load_app(target: str) -> App:
+    """Import ``pkg.module[:attr]`` and return its :class:`App`.
+
+    Without ``:attr``: the module's handlers on the default app (bare
+    ``@handler``), else the module's ``app`` attribute if it is an ``App``.
+
+    Raises:
+        ImportError: the module cannot be imported.
+        ConfigurationError: ``attr`` is missing or not an ``App``, or there are no handlers.
+    """
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    if attr:
+        app = getattr(module, attr, None)
+        if not isinstance(app, App):
+            raise ConfigurationError(f"{target!r}: {attr!r} is not a kinbox App in {module_name}")
+        return app
+    if default_app.routes:
+        return default_app
+    candidate = getattr(module, "app", None)
+    if isinstance(candidate, App):
+        return candidate
+    raise ConfigurationError(
+        f"{target!r} registers no handlers: use @handler(...), or name the app as {module_name}:app"
+    )
+
+
+def resolve(target: str, flags: Mapping[str, Any], env: Mapping[str, str]) -> tuple[App, Settings]:
+    """Load the app and its validated settings (flags > env > app > defaults)."""
+    app = load_app(target)
+    return app, app.settings(flags, env).validate()
+
+
+def run(app: App, settings: Settings) -> None:
+    """Run one group member in this process until a signal stops it."""
+    store = PostgresInboxStore(
+        settings.database_url,
+        schema=settings.schema,
+        consumer=settings.group_id,
+        pool_size=settings.pool_size,
+    )
+    store.open()
+    try:
+        transport = KafkaTransport(settings)
+    except BaseException:
+        store.close()
+        raise
+    runner = Runner(app, settings, transport, store)
+    _install_signals(runner, settings.shutdown_timeout)
+    log.info("starting with %r", settings)
+    runner.run()
+
+
+def _install_signals(runner: Runner, timeout: float) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if runner.stopping:
+            log.warning("second %s: exiting now", signal.Signals(signum).name)
+            os._exit(EXIT_INTERRUPTED)
+        log.info("%s: finishing the batch in hand, then stopping", signal.Signals(signum).name)
+        runner.stop()
+        timer = threading.Timer(timeout, _give_up, args=(timeout,))
+        timer.daemon = True
+        timer.start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def _give_up(timeout: float) -> None:
+    log.error("shutdown took longer than %.1fs: exiting now", timeout)
+    os._exit(EXIT_INTERRUPTED)

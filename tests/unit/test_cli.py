@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from kinbox.cli import EXIT_CONFIG, EXIT_IMPORT, main
+
+pytestmark = pytest.mark.unit
+
+
+def test_migrate_sql_prints_ddl_without_connecting() -> None:
+    result = CliRunner().invoke(main, ["migrate", "--sql", "--schema", "inbox_x"])
+    assert result.exit_code == 0, result.output
+    assert 'CREATE TABLE IF NOT EXISTS "inbox_x".processed_events' in result.output
+    assert "PRIMARY KEY (consumer, event_id)" in result.output
+
+
+def test_migrate_sql_rejects_a_bad_schema_name() -> None:
+    result = CliRunner().invoke(main, ["migrate", "--sql", "--schema", 'x"; drop'])
+    assert result.exit_code == EXIT_CONFIG
+    assert "schema" in result.output
+
+
+def test_worker_with_unimportable_module_exits_with_import_code() -> None:
+    result = CliRunner().invoke(main, ["worker", "no_such_module_kinbox_test"])
+    assert result.exit_code == EXIT_IMPORT
+
+
+def test_worker_with_bad_setting_exits_with_config_code_and_hides_password() -> None:
+    result = CliRunner().invoke(
+        main,
+        ["worker", "tests.unit.sample_app:app", "--database-url",
+         "postgresql://u:hunter2@h/db", "--batch-max-messages", "0"],
+    )  # fmt: skip
+    assert result.exit_code == EXIT_CONFIG, result.output
+    assert "batch_max_messages" in result.output
+    assert "hunter2" not in result.output
+
+
+def test_bad_x_option() -> None:
+    result = CliRunner().invoke(main, ["worker", "tests.unit.sample_app:app", "-X", "novalue"])
+    assert result.exit_code == 2
