@@ -1,0 +1,91 @@
+"""The ``<schema>.outbox`` table, as migration steps of the ``outbox`` component.
+
+Column names follow the Debezium Outbox Event Router's defaults, so moving from
+the relay to CDC is a connector configuration (``kinbox outbox debezium-config``):
+
+=================  =========================================================
+``id``             uuid, the event id (router ``table.field.event.id``) and PK
+``aggregatetype``  the topic again (router ``route.by.field`` default column)
+``aggregateid``    the partition key, NULL for none (``table.field.event.key``)
+``type``           optional event type (``ce_type`` header)
+``payload``        jsonb payload (``table.field.event.payload``); NULL for bytes
+``payload_bytes``  bytea payload when the caller enqueued ``bytes``
+=================  =========================================================
+
+plus the relay's own columns: ``seq`` (bigserial, the publishing order),
+``txid`` (the writing transaction's id, for the sequence-gap filter in
+:mod:`producer_outbox.claim`), ``topic``, ``headers`` (jsonb object of text
+values), ``status`` (``pending`` / ``sent`` / ``dead``), ``attempts``,
+``last_error``, ``next_attempt_at``, ``created_at``, ``sent_at``.
+
+Bytes payloads live in their own ``bytea`` column so they round-trip exactly
+(no base64 convention a consumer must know); a CDC connector only routes
+``payload``, so bytes rows are relay-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from psycopg import sql
+
+from kinbox.migrations import Component
+
+
+def _create_table(schema: sql.Identifier) -> Sequence[sql.Composed | sql.SQL]:
+    return [
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.outbox ("
+            " id uuid PRIMARY KEY,"
+            " seq bigserial NOT NULL UNIQUE,"
+            " txid xid8 NOT NULL DEFAULT pg_current_xact_id(),"
+            " topic text NOT NULL,"
+            " aggregatetype text NOT NULL,"
+            " aggregateid text,"
+            " type text,"
+            " payload jsonb,"
+            " payload_bytes bytea,"
+            " headers jsonb NOT NULL DEFAULT '{{}}'::jsonb,"
+            " status text NOT NULL DEFAULT 'pending'"
+            "  CHECK (status IN ('pending', 'sent', 'dead')),"
+            " attempts integer NOT NULL DEFAULT 0,"
+            " last_error text,"
+            " next_attempt_at timestamptz NOT NULL DEFAULT now(),"
+            " created_at timestamptz NOT NULL DEFAULT now(),"
+            " sent_at timestamptz,"
+            " CHECK (payload IS NULL OR payload_bytes IS NULL))"
+        ).format(schema),
+        # The relay reads unsent rows in seq order; this index holds only those,
+        # so it stays small however many sent rows wait for cleanup.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS outbox_pending_idx ON {}.outbox (seq)"
+            " WHERE status = 'pending'"
+        ).format(schema),
+        # The claim's "earlier unsent row of the same key?" probe.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS outbox_pending_key_idx ON {}.outbox (aggregateid, seq)"
+            " WHERE status = 'pending'"
+        ).format(schema),
+        # Cleanup deletes the oldest sent rows in bounded batches.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS outbox_sent_idx ON {}.outbox (sent_at)"
+            " WHERE status = 'sent'"
+        ).format(schema),
+        # Parked rows, for `kinbox outbox status`.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS outbox_dead_idx ON {}.outbox (seq) WHERE status = 'dead'"
+        ).format(schema),
+    ]
+
+
+OUTBOX = Component("outbox", [_create_table])
+"""The outbox component: ``kinbox migrate`` applies it next to the inbox's."""
+
+
+def notify_channel(schema_name: str) -> str:
+    """Return the LISTEN/NOTIFY channel of the outbox in ``schema_name`` (already validated).
+
+    Channel names share the 63-byte identifier limit; a truncated name shared by
+    two long schema names only causes a spurious wake-up, never a missed one.
+    """
+    return f"{schema_name[:56]}_outbox"

@@ -1,0 +1,156 @@
+"""Write an event into the outbox inside the caller's transaction.
+
+``enqueue`` is one ``INSERT ... RETURNING`` that also calls ``pg_notify``: both
+take effect at the caller's COMMIT and vanish with a ROLLBACK, so a rolled-back
+business transaction leaves no row and wakes no relay. PostgreSQL folds equal
+notifications of one transaction into one, so enqueueing many events in a
+transaction costs one wake-up.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from kinbox.errors import ConfigurationError, KinboxError, StoreError
+from kinbox.names import sql_identifier, topic_name
+from producer_outbox.schema import notify_channel
+
+#: Header names the relay sets itself; a stored header may not shadow them.
+RESERVED_HEADERS = frozenset({"event-id", "ce_id", "ce_type", "ce_source", "ce_specversion"})
+
+_MAX_KEY_BYTES = 1024
+# json.dumps writes U+0000 as the escape \u0000 (after an even number of backslashes).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+class PayloadError(KinboxError, TypeError):
+    """The payload (or a header) cannot be serialised for the outbox."""
+
+
+def encode_payload(payload: object) -> tuple[Jsonb | None, bytes | None]:
+    """Return ``(json, raw)``: exactly one is set, the columns ``payload`` / ``payload_bytes``.
+
+    Raises:
+        PayloadError: the payload is neither bytes nor strictly JSON-serialisable
+            (NaN and infinities are not JSON either).
+    """
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return None, bytes(payload)
+    try:
+        text = json.dumps(payload, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(
+            f"outbox payload of type {type(payload).__name__} is not JSON-serialisable "
+            f"and not bytes: {exc}"
+        ) from exc
+    if _NUL_ESCAPE.search(text):
+        # jsonb cannot hold U+0000; say so now rather than fail inside the INSERT.
+        raise PayloadError("outbox payload contains U+0000, which PostgreSQL jsonb cannot store")
+    # Dump once more through Jsonb with the checked text, not the object.
+    return Jsonb(payload, dumps=lambda _obj: text), None
+
+
+def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """Return ``headers`` as a plain dict of text, refusing reserved or non-text entries.
+
+    Raises:
+        PayloadError: a name or value is not ``str``.
+        ConfigurationError: a name is one the relay sets itself.
+    """
+    if headers is None:
+        return {}
+    checked: dict[str, str] = {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise PayloadError(f"outbox header {name!r}={value!r}: names and values must be str")
+        if name in RESERVED_HEADERS:
+            raise ConfigurationError(
+                f"outbox header {name!r} is set by the relay; reserved: {sorted(RESERVED_HEADERS)}"
+            )
+        checked[name] = value
+    return checked
+
+
+def enqueue(
+    conn: psycopg.Connection[Any] | psycopg.Cursor[Any],
+    topic: str,
+    payload: object,
+    *,
+    key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    event_id: uuid.UUID | None = None,
+    event_type: str | None = None,
+    schema: str = "kinbox",
+) -> uuid.UUID:
+    """Add an event to the outbox in the transaction of ``conn``; return its event id.
+
+    Nothing is published before the caller commits; a rollback discards the
+    event. Rows of one ``key`` are published in order, to one partition.
+
+    Args:
+        conn: the caller's connection or cursor, inside its transaction.
+        topic: the Kafka topic to publish to.
+        payload: a JSON-serialisable object (published as UTF-8 JSON text) or
+            ``bytes`` (published unchanged).
+        key: the partition key (Kafka record key); ``None`` for no key and no
+            ordering between such events.
+        headers: extra record headers, text only.
+        event_id: the event id (``event-id`` header); a random UUID by default.
+        event_type: stored in ``type``; when given the relay also sets the
+            CloudEvents ``ce_*`` headers.
+        schema: the kinbox schema holding the outbox.
+
+    Raises:
+        ConfigurationError: bad topic, schema, key or reserved header name.
+        PayloadError: the payload or a header cannot be serialised.
+        StoreError: the INSERT failed (for instance, the outbox table is missing).
+    """
+    topic_name(topic)
+    schema_id = sql.Identifier(sql_identifier(schema, setting="schema"))
+    if key is not None and (
+        not isinstance(key, str) or len(key.encode("utf-8", "surrogatepass")) > _MAX_KEY_BYTES
+    ):
+        raise ConfigurationError(
+            f"outbox key={key!r}: must be str of at most {_MAX_KEY_BYTES} bytes, or None"
+        )
+    json_payload, raw_payload = encode_payload(payload)
+    stored_headers = check_headers(headers)
+    event_id = event_id if event_id is not None else uuid.uuid4()
+    if not isinstance(event_id, uuid.UUID):
+        raise ConfigurationError(f"outbox event_id={event_id!r}: must be a uuid.UUID")
+    # One statement, so even an autocommit caller gets the row and the
+    # notification atomically.
+    statement = sql.SQL(
+        "WITH row AS ("
+        " INSERT INTO {}.outbox"
+        " (id, topic, aggregatetype, aggregateid, type, payload, payload_bytes, headers)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id)"
+        " SELECT row.id, pg_notify(%s, '') FROM row"
+    ).format(schema_id)
+    params = (
+        event_id,
+        topic,
+        topic,
+        key,
+        event_type,
+        json_payload,
+        raw_payload,
+        Jsonb(stored_headers),
+        notify_channel(schema),
+    )
+    try:
+        conn.execute(statement, params)
+    except psycopg.Error as exc:
+        raise StoreError(
+            f"cannot enqueue event {event_id} for topic {topic!r} in schema {schema!r}: {exc}",
+            transient=isinstance(exc, psycopg.OperationalError),
+        ) from exc
+    return event_id

@@ -1,0 +1,184 @@
+"""Helpers of the outbox integration tests: migrate, run relays, read the topic back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer
+from psycopg import sql
+
+from kinbox.devstack.stack import Stack
+from kinbox.migrations import migrate
+from producer_outbox.publisher import KafkaPublisher, producer_config
+from producer_outbox.relay import Relay, RelayConfig
+from producer_outbox.schema import OUTBOX
+
+ROOT = Path(__file__).resolve().parents[2]
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class Received:
+    """One record read back from Kafka."""
+
+    key: str | None
+    value: bytes
+    event_id: str
+    headers: dict[str, bytes]
+    partition: int
+    offset: int
+
+
+def migrate_outbox(db: Conn, schema: str) -> None:
+    migrate(db, schema, [OUTBOX])
+
+
+def count(db: Conn, schema: str, where: str = "true") -> int:
+    query = sql.SQL("SELECT count(*) FROM {}.outbox WHERE " + where).format(sql.Identifier(schema))
+    row = db.execute(query).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+
+
+def consume(
+    stack: Stack, topic: str, expected: int, *, timeout: float = 60.0, linger: float = 1.0
+) -> list[Received]:
+    """Read ``topic`` from the start until ``expected`` records came (and ``linger`` s more)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": stack.bootstrap_servers,
+            "group.id": f"outbox-test-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": "false",
+        }
+    )
+    consumer.subscribe([topic])
+    received: list[Received] = []
+    deadline = time.monotonic() + timeout
+    extra_until: float | None = None
+    try:
+        while time.monotonic() < deadline:
+            if extra_until is not None and time.monotonic() > extra_until:
+                break
+            message = consumer.poll(0.2)
+            if message is None or message.error() is not None:
+                continue
+            raw_headers = message.headers() or []
+            pairs = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
+            headers = {
+                name: value.encode() if isinstance(value, str) else value or b""
+                for name, value in pairs
+            }
+            key = message.key()
+            received.append(
+                Received(
+                    key=key.decode() if isinstance(key, bytes) else key,
+                    value=bytes(message.value() or b""),
+                    event_id=(headers.get("event-id") or b"").decode(),
+                    headers=headers,
+                    partition=message.partition() or 0,
+                    offset=message.offset() or 0,
+                )
+            )
+            if len(received) >= expected and extra_until is None:
+                extra_until = time.monotonic() + linger
+    finally:
+        consumer.close()
+    return received
+
+
+def relay_config(stack: Stack, schema: str, **overrides: Any) -> RelayConfig:
+    settings: dict[str, Any] = {"poll_interval": 0.2, "batch_size": 50, "lanes": 8}
+    settings.update(overrides)
+    return RelayConfig(database_url=stack.database_url, schema=schema, **settings)
+
+
+@contextmanager
+def running_relay(
+    stack: Stack,
+    schema: str,
+    *,
+    kafka: dict[str, str] | None = None,
+    bootstrap_servers: str | None = None,
+    **overrides: Any,
+) -> Iterator[Relay]:
+    """Run an in-process relay in a thread; stop it gracefully on exit."""
+    publisher = KafkaPublisher(
+        producer_config(bootstrap_servers or stack.bootstrap_servers, kafka or {})
+    )
+    relay = Relay(relay_config(stack, schema, **overrides), publisher)
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            relay.run()
+        except BaseException as exc:  # surfaced to the test below
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        yield relay
+    finally:
+        relay.stop()
+        thread.join(60)
+        publisher.close()
+    assert not thread.is_alive(), "relay did not stop"
+    assert not errors, errors
+
+
+def relay_process(
+    stack: Stack, schema: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``kinbox outbox relay`` as a real process (``python -m producer_outbox``)."""
+    command = [
+        sys.executable,
+        "-m",
+        "producer_outbox",
+        "relay",
+        "--poll-interval",
+        "0.2",
+        *args,
+    ]
+    environ = {
+        **os.environ,
+        "KINBOX_DATABASE_URL": stack.database_url,
+        "KINBOX_BOOTSTRAP_SERVERS": stack.bootstrap_servers,
+        "KINBOX_SCHEMA": schema,
+        **(env or {}),
+    }
+    environ.pop("KINBOX_FAILPOINTS", None) if env is None else None
+    # Logs go to the inherited stderr, which pytest captures and shows on failure.
+    return subprocess.Popen(command, env=environ, cwd=ROOT)
+
+
+def enqueue_many(
+    db_url: str, schema: str, topic: str, items: Sequence[tuple[str | None, int]]
+) -> None:
+    """Enqueue ``(key, n)`` payloads, one transaction per item."""
+    from producer_outbox.writer import enqueue
+
+    with psycopg.connect(db_url) as conn:
+        for key, n in items:
+            with conn.transaction():
+                enqueue(conn, topic, {"key": key, "n": n}, key=key, schema=schema)

@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from kinbox.errors import ConfigurationError
+from producer_outbox.failpoints import FailpointError, Failpoints, parse
+from producer_outbox.publisher import ACKED, KafkaPublisher, Outcome, producer_config
+from producer_outbox.records import OutboxRow, Record, row_from_db, to_record
+from producer_outbox.relay import RelayConfig, settle
+
+
+def _row(attempts: int = 0, key: str | None = "k", event_type: str | None = None) -> OutboxRow:
+    return OutboxRow(uuid.uuid4(), 1, "t", key, event_type, b"{}", {"h": "v"}, attempts)
+
+
+def test_settle_marks_acked_sent_retries_failures_and_parks_after_max() -> None:
+    config = RelayConfig(database_url="x", max_attempts=3)
+    ok, retry, park, outage = _row(), _row(attempts=0), _row(attempts=2), _row(attempts=50)
+    sent, failed = settle(
+        [ok, retry, park, outage],
+        [ACKED, Outcome("MSG_SIZE_TOO_LARGE"), Outcome("bad"), Outcome("timeout", outage=True)],
+        config,
+    )
+    assert sent == [ok.id]
+    by_id = {f.id: f for f in failed}
+    assert not by_id[retry.id].park and by_id[park.id].park
+    assert not by_id[outage.id].park, "an outage never parks a row"
+    assert by_id[outage.id].delay == config.backoff_max
+
+
+def test_backoff_is_exponential_and_capped() -> None:
+    config = RelayConfig(database_url="x", backoff_base=0.5, backoff_max=4.0)
+    assert [config.backoff(n) for n in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"lanes": 0},
+        {"batch_size": 0},
+        {"poll_interval": 0},
+        {"max_attempts": 0},
+        {"schema": "x-y"},
+        {"retention": timedelta(-1)},
+        {"database_url": ""},
+    ],
+)
+def test_config_validation_names_the_setting(bad: dict[str, object]) -> None:
+    settings: dict[str, object] = {"database_url": "postgresql://x"}
+    settings.update(bad)
+    with pytest.raises(ConfigurationError, match=next(iter(bad))):
+        RelayConfig(**settings).validate()  # type: ignore[arg-type]
+
+
+def test_record_has_event_id_cloudevents_and_stored_headers() -> None:
+    row = _row(event_type="lesson.completed")
+    record = to_record(row)
+    headers = dict(record.headers)
+    assert headers["event-id"] == headers["ce_id"] == str(row.id).encode()
+    assert headers["ce_type"] == b"lesson.completed"
+    assert headers["ce_source"] == b"/t" and headers["ce_specversion"] == b"1.0"
+    assert headers["h"] == b"v" and record.key == b"k"
+    assert "ce_id" not in dict(to_record(_row()).headers)
+    assert to_record(_row(key=None)).key is None
+
+
+def test_row_from_db_prefers_bytes_and_defaults_null() -> None:
+    i = uuid.uuid4()
+    assert row_from_db((i, 1, "t", None, None, None, b"\x00", {}, 0)).value == b"\x00"
+    assert row_from_db((i, 1, "t", None, None, '{"a": 1}', None, None, 0)).value == b'{"a": 1}'
+    assert row_from_db((i, 1, "t", None, None, None, None, None, 0)).value == b"null"
+
+
+def test_producer_config_keeps_idempotence() -> None:
+    config = producer_config("b:9092", {"linger.ms": "1"})
+    assert config["enable.idempotence"] == "true" and config["linger.ms"] == "1"
+    with pytest.raises(ConfigurationError, match=r"enable\.idempotence"):
+        producer_config("b:9092", {"enable.idempotence": "false"})
+
+
+def test_unreachable_broker_is_an_outage_not_a_bad_record() -> None:
+    publisher = KafkaPublisher(
+        producer_config("127.0.0.1:1", {"message.timeout.ms": "300", "log_level": "0"})
+    )
+    (outcome,) = publisher.publish([Record("t", b"k", b"v", [])])
+    assert not outcome.ok and outcome.outage
+
+
+def test_refused_record_holds_back_later_records_of_its_key() -> None:
+    publisher = KafkaPublisher(
+        producer_config(
+            "127.0.0.1:1",
+            {"message.timeout.ms": "300", "message.max.bytes": "1000", "log_level": "0"},
+        )
+    )
+    big, same_key, other = (
+        Record("t", b"k", b"x" * 5000, []),
+        Record("t", b"k", b"v", []),
+        Record("t", b"o", b"x" * 5000, []),
+    )
+    outcomes = publisher.publish([big, same_key, other])
+    assert not outcomes[0].outage and "SIZE" in (outcomes[0].error or "")
+    assert outcomes[1].outage and "earlier record" in (outcomes[1].error or "")
+    assert "SIZE" in (outcomes[2].error or "")
+
+
+def test_failpoints_parse_and_fire_on_the_nth_pass() -> None:
+    assert parse("a=kill@3, b=raise") == {"a": ("kill", 3), "b": ("raise", 1)}
+    for bad in ("a", "a=explode", "a=kill@x"):
+        with pytest.raises(ConfigurationError):
+            parse(bad)
+    points = Failpoints({"KINBOX_FAILPOINTS": "p=raise@2"})
+    points.hit("p")
+    points.hit("other")
+    with pytest.raises(FailpointError):
+        points.hit("p")
+    points.hit("p")  # fires once

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Any, cast
+
+import psycopg
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kinbox.errors import ConfigurationError
+from kinbox.migrations import render
+from producer_outbox.schema import OUTBOX, notify_channel
+from producer_outbox.writer import PayloadError, check_headers, encode_payload, enqueue
+
+
+class FakeConnection:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, Any]] = []
+
+    def execute(self, statement: Any, params: Any = None) -> None:
+        self.calls.append((statement, params))
+
+
+def _enqueue(fake: FakeConnection, *args: Any, **kwargs: Any) -> uuid.UUID:
+    return enqueue(cast(psycopg.Connection[Any], fake), *args, **kwargs)
+
+
+def test_bytes_are_stored_raw_and_objects_as_json() -> None:
+    assert encode_payload(b"\x00\x01") == (None, b"\x00\x01")
+    assert encode_payload(bytearray(b"ab"))[1] == b"ab"
+    json_value, raw = encode_payload({"a": [1, "é"]})
+    assert raw is None and json_value is not None
+
+
+@pytest.mark.parametrize("bad", [object(), {1, 2}, math.nan, {"x": math.inf}, "nul\x00"])
+def test_unserialisable_payload_is_refused(bad: object) -> None:
+    with pytest.raises(PayloadError) as info:
+        encode_payload(bad)
+    assert isinstance(info.value, TypeError)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+    max_leaves=10,
+)
+
+
+@given(_JSON)
+def test_any_json_document_encodes_or_fails_clearly(value: object) -> None:
+    try:
+        encode_payload(value)
+    except PayloadError as exc:
+        assert "U+0000" in str(exc)
+
+
+def test_headers_must_be_text_and_not_reserved() -> None:
+    assert check_headers(None) == {}
+    assert check_headers({"trace": "x"}) == {"trace": "x"}
+    with pytest.raises(PayloadError):
+        check_headers({"trace": b"x"})  # type: ignore[dict-item]
+    with pytest.raises(ConfigurationError, match="event-id"):
+        check_headers({"event-id": "x"})
+
+
+def test_enqueue_inserts_and_notifies_in_one_statement() -> None:
+    fake = FakeConnection()
+    event_id = uuid.uuid4()
+    assert _enqueue(fake, "lesson-events", {"a": 1}, key="u1", event_id=event_id) == event_id
+    ((statement, params),) = fake.calls
+    text = statement.as_string(None)
+    assert '"kinbox".outbox' in text and "pg_notify" in text
+    assert params[0] == event_id and params[1] == params[2] == "lesson-events"
+    assert params[3] == "u1" and params[-1] == notify_channel("kinbox")
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        (("bad topic!", {}), {}),
+        (("t", {}), {"schema": "Bad-Schema"}),
+        (("t", {}), {"key": 5}),
+        (("t", {}), {"event_id": "not-a-uuid"}),
+    ],
+)
+def test_enqueue_validates_before_touching_the_database(args: Any, kwargs: Any) -> None:
+    fake = FakeConnection()
+    with pytest.raises(ConfigurationError):
+        _enqueue(fake, *args, **kwargs)
+    assert fake.calls == []
+
+
+def test_migration_renders_the_outbox_table() -> None:
+    ddl = render("kinbox", [OUTBOX])
+    assert 'CREATE TABLE IF NOT EXISTS "kinbox".outbox' in ddl
+    assert "WHERE status = 'pending'" in ddl
+    assert "id uuid PRIMARY KEY" in ddl and "aggregateid text" in ddl
+
+
+def test_notify_channel_fits_the_identifier_limit() -> None:
+    assert len(notify_channel("s" * 63)) <= 63
