@@ -102,3 +102,31 @@ def test_dev_serves_kafka_and_postgres_then_leaves_nothing(how: int) -> None:
 
         # Then neither the broker nor the postmaster is left running
         assert _wait_gone(services) == []
+
+
+def test_interrupted_test_run_leaves_no_service_behind() -> None:
+    # Given a test run (its own stack, not the shared one) holding a broker and a postmaster
+    target = os.path.join(os.path.dirname(__file__), "interrupt_target.py")
+    with subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider", target],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("KINBOX_TEST_")},
+        # A shell's background job would have SIGINT ignored; a terminal's would not.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    ) as run:
+        assert run.stdout is not None
+        line = ""
+        while "holding" not in line:
+            line = run.stdout.readline()
+            assert line or run.poll() is None, "the inner test run ended early"
+        services = _children(run.pid)
+        assert len(services) == 2, (line, services)
+
+        # When it gets Ctrl-C
+        run.send_signal(signal.SIGINT)
+        run.wait(timeout=60)
+
+    # Then neither service outlives it
+    assert _wait_gone(services) == []
