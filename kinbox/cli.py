@@ -210,12 +210,12 @@ def migrate(database_url: str | None, schema: str | None, print_sql: bool) -> No
         click.echo(f"{settings.schema}.{name}: version {after} ({state})")
 
 
-try:
-    from producer_outbox.cli import outbox  # type: ignore[import-not-found,unused-ignore]
-except ImportError:
-    pass
-else:
-    main.add_command(outbox)
+# Both ship in this distribution; imported last so `kinbox --help` lists them.
+from kinbox.devstack.command import dev  # noqa: E402
+from producer_outbox.cli import outbox  # noqa: E402
+
+main.add_command(dev)
+main.add_command(outbox)
 
 
 if __name__ == "__main__":

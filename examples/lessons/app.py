@@ -1,4 +1,4 @@
-"""The progress service: applies ``lesson-events`` events to ``lesson_progress`` exactly once.
+"""The progress service: CompleteLesson writes through the outbox; a handler applies it once.
 
 Run it with ``kinbox worker examples.lessons.app:app`` after ``kinbox migrate``
 and :func:`create_tables`. ``lesson_applications`` counts every time the handler's
@@ -8,14 +8,13 @@ though ``lesson_progress`` itself is idempotent.
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 import psycopg
-from confluent_kafka import Producer
 
 from kinbox import App, Event
+from producer_outbox import enqueue
 
 TOPIC = "lesson-events"
 
@@ -59,18 +58,19 @@ def lesson_completed(event: Event, tx: psycopg.Connection[Any]) -> None:
 
 
 def complete_lesson(
-    conn: psycopg.Connection[Any], producer: Producer, user_id: str, lesson_id: str
-) -> str:
-    """The CompleteLesson use case: store the completion, then publish the event.
+    conn: psycopg.Connection[Any], user_id: str, lesson_id: str, *, schema: str = "kinbox"
+) -> uuid.UUID:
+    """The CompleteLesson use case: store the completion and its event in one transaction.
 
-    A plain producer for now: the event is sent after the commit, so a crash in
-    between loses it (the outbox closes that gap; see producer_outbox). The
-    event id travels in the ``event-id`` header, which the inbox deduplicates on.
+    The event goes into the outbox table, not straight to Kafka: if the
+    transaction rolls back there is no event, and if it commits the relay
+    (``kinbox outbox relay``) publishes it at least once, even across crashes.
+    Its event id travels in the ``event-id`` header, which the inbox
+    deduplicates on, so "at least once" becomes "exactly once" in effect.
 
     Returns:
         The event id.
     """
-    event_id = str(uuid.uuid4())
     with conn.transaction():
         row = conn.execute(
             "INSERT INTO lesson_completions (user_id, lesson_id) VALUES (%s, %s)"
@@ -78,13 +78,12 @@ def complete_lesson(
             " RETURNING (extract(epoch FROM completed_at) * 1000)::bigint",
             (user_id, lesson_id),
         ).fetchone()
-    assert row is not None
-    payload = {"userId": user_id, "lessonId": lesson_id, "completedAt": int(row[0])}
-    producer.produce(
-        TOPIC,
-        key=user_id.encode(),
-        value=json.dumps(payload).encode(),
-        headers=[("event-id", event_id.encode())],
-    )
-    producer.poll(0)
-    return event_id
+        assert row is not None
+        payload = {
+            "event": "lesson.completed",
+            "userId": user_id,
+            "lessonId": lesson_id,
+            "completedAt": int(row[0]),
+        }
+        # key = user: one user's events stay in order, on one partition.
+        return enqueue(conn, TOPIC, payload, key=user_id, schema=schema)
