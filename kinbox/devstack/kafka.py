@@ -9,18 +9,15 @@ address, so only then do all their connections pass the proxy).
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import signal
 import subprocess
-import tempfile
 import uuid
-from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
 from kinbox.devstack.kafka_jars import broker_classpath
-from kinbox.devstack.process import ServiceProcess, free_port, port_open
+from kinbox.devstack.process import LocalService, ServiceProcess, free_port, port_open
 from kinbox.errors import ServiceError
 
 _MAIN = "kafka.Kafka"
@@ -44,7 +41,7 @@ def _properties(settings: dict[str, str]) -> str:
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
-class KafkaBroker:
+class KafkaBroker(LocalService):
     """A throwaway Kafka broker: ``start()``, ``kill()``, ``pause()``, ``stop()``.
 
     Args:
@@ -60,9 +57,8 @@ class KafkaBroker:
         self.port = free_port()
         self.controller_port = free_port()
         self.advertised_port = advertised_port or self.port
-        self._base = Path(tempfile.mkdtemp(prefix="kinbox-kafka-"))
+        super().__init__("kinbox-kafka-")
         self._config = self._base / "server.properties"
-        self._process: ServiceProcess | None = None
         self._formatted = False
         log_config = self._base / "log4j2.xml"
         log_config.write_text(_LOG4J2_XML)
@@ -110,11 +106,6 @@ class KafkaBroker:
     def bootstrap_servers(self) -> str:
         """The address clients use (the advertised one)."""
         return f"127.0.0.1:{self.advertised_port}"
-
-    @property
-    def pid(self) -> int | None:
-        """The JVM's pid while it runs."""
-        return self._process.pid if self._process and self._process.running() else None
 
     def _format_storage(self) -> None:
         cluster_id = uuid.uuid4().hex[:22]
@@ -170,13 +161,3 @@ class KafkaBroker:
         """Stop the broker: SIGTERM (controlled shutdown), SIGKILL if it hangs."""
         if self._process is not None:
             self._process.stop(signal.SIGTERM, timeout=20)
-
-    def close(self) -> None:
-        """Stop the broker and remove its files."""
-        self.stop()
-        with contextlib.suppress(OSError):
-            shutil.rmtree(self._base)
-
-    def log_tail(self) -> str:
-        """The broker log's last lines."""
-        return self._process.log_tail() if self._process else ""

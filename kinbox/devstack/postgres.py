@@ -8,20 +8,18 @@ because the server refuses to run as root.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
 import re
 import shutil
 import signal
 import subprocess
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
 
-from kinbox.devstack.process import ServiceProcess, free_port, port_open
+from kinbox.devstack.process import LocalService, ServiceProcess, free_port, port_open
 from kinbox.errors import ServiceError
 
 DATABASE = "kinbox"
@@ -53,7 +51,7 @@ def find_bindir() -> Path:
     )
 
 
-class PostgresServer:
+class PostgresServer(LocalService):
     """A throwaway PostgreSQL server: ``start()``, ``restart()``, ``stop()``.
 
     Args:
@@ -66,9 +64,8 @@ class PostgresServer:
         self.port = free_port()
         self.fsync = fsync
         self.settings = settings or {}
-        self._base = Path(tempfile.mkdtemp(prefix="kinbox-pg-"))
+        super().__init__("kinbox-pg-")
         self.datadir = self._base / "data"
-        self._process: ServiceProcess | None = None
         self._user = "postgres" if os.geteuid() == 0 else None
         if self._user:
             try:
@@ -92,11 +89,6 @@ class PostgresServer:
     def url(self) -> str:
         """Connection URL of the test database on this server."""
         return f"postgresql://postgres@127.0.0.1:{self.port}/{DATABASE}"
-
-    @property
-    def pid(self) -> int | None:
-        """The postmaster's pid while it runs."""
-        return self._process.pid if self._process and self._process.running() else None
 
     def _run_as_owner(self, argv: Sequence[str]) -> None:
         command = ["runuser", "-u", self._user, "--", *argv] if self._user else list(argv)
@@ -178,13 +170,3 @@ class PostgresServer:
         """Stop the server (SIGINT: PostgreSQL's fast shutdown) and wait for it."""
         if self._process is not None:
             self._process.stop(signum, timeout=30)
-
-    def close(self) -> None:
-        """Stop the server and remove the cluster's files."""
-        self.stop()
-        with contextlib.suppress(OSError):
-            shutil.rmtree(self._base)
-
-    def log_tail(self) -> str:
-        """The server log's last lines."""
-        return self._process.log_tail() if self._process else ""

@@ -15,9 +15,11 @@ import contextlib
 import ctypes
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -146,3 +148,35 @@ class ServiceProcess:
             return f"(no log at {self.log_path})"
         tail = "\n".join("    " + line for line in text[-lines:])
         return f"--- last lines of {self.log_path} ---\n{tail}"
+
+
+class LocalService:
+    """What the local services share: a private temp directory and one child process.
+
+    Subclasses start ``self._process`` and say how to ``stop()``; ``close()``
+    stops and removes the directory.
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self._base = Path(tempfile.mkdtemp(prefix=prefix))
+        self._process: ServiceProcess | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The service's pid while it runs."""
+        return self._process.pid if self._process and self._process.running() else None
+
+    def stop(self) -> None:
+        """Stop the service gracefully (overridden with the service's own signal)."""
+        if self._process is not None:
+            self._process.stop()
+
+    def close(self) -> None:
+        """Stop the service and remove its files."""
+        self.stop()
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self._base)
+
+    def log_tail(self) -> str:
+        """The service log's last lines."""
+        return self._process.log_tail() if self._process else ""
