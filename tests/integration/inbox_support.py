@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Producer
 from psycopg import sql
 
 from kinbox.app import App
@@ -24,6 +24,7 @@ from kinbox.runner import Runner
 from kinbox.store import PostgresInboxStore, apply_migrations
 from kinbox.transport import KafkaTransport
 from tests.integration.inbox_app import make_app
+from tests.support.workers import committed as committed  # re-exported for the inbox tests
 
 ROOT = Path(__file__).resolve().parents[2]
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -71,25 +72,6 @@ def produce(
     assert producer.flush(30) == 0
     assert not failures, failures
     return out
-
-
-def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
-    """Committed offsets read back from the broker (partitions without one are left out)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    try:
-        for attempt in range(60):
-            try:
-                parts = consumer.committed(
-                    [TopicPartition(topic, p) for p in range(partitions)], 10
-                )
-                break
-            except KafkaException as exc:  # coordinator still loading on a fresh broker
-                if attempt == 59 or exc.args[0].fatal():
-                    raise
-                time.sleep(0.25)
-    finally:
-        consumer.close()
-    return {tp.partition: tp.offset for tp in parts if tp.offset >= 0}
 
 
 def effects(db: Conn, schema: str, consumer: str | None = None) -> list[tuple[Any, ...]]:

@@ -16,7 +16,7 @@ from kinbox.devstack.stack import Stack
 from kinbox.migrations import migrate
 from producer_outbox import enqueue
 from producer_outbox.schema import OUTBOX
-from tests.integration.conftest import MakeTopic
+from tests.conftest import MakeTopic
 from tests.integration.inbox_support import (
     Conn,
     effects,

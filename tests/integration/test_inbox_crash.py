@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from kinbox.devstack.stack import Stack
-from tests.integration.conftest import MakeTopic
+from tests.conftest import MakeTopic
 from tests.integration.inbox_support import (
     Conn,
     assert_offsets_not_ahead,

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from kinbox.devstack.stack import Stack
-from tests.integration.conftest import MakeTopic
+from tests.conftest import MakeTopic
 from tests.integration.inbox_support import (
     Conn,
     app_for,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kinbox.devstack.stack import Stack
-from tests.integration.conftest import MakeTopic
+from tests.conftest import MakeTopic
 from tests.integration.inbox_support import (
     FAST_GROUP,
     Conn,

@@ -13,7 +13,7 @@ import pytest
 from kinbox.devstack.stack import Stack
 from producer_outbox.cleanup import delete_sent
 from producer_outbox.writer import enqueue
-from tests.integration.conftest import MakeTopic
+from tests.conftest import MakeTopic
 from tests.integration.outbox_support import (
     Conn,
     consume,

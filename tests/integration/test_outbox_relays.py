@@ -12,7 +12,7 @@ from contextlib import ExitStack
 import pytest
 
 from kinbox.devstack.stack import Stack
-from tests.integration.conftest import MakeTopic
+from tests.conftest import MakeTopic
 from tests.integration.outbox_support import (
     Conn,
     Received,

@@ -8,7 +8,7 @@ import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kinbox.devstack.stack import Stack
-from tests.integration.conftest import MakeTopic
+from tests.conftest import MakeTopic
 
 
 def test_record_goes_through_kafka_into_postgres(
