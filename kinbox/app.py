@@ -35,6 +35,15 @@ class Route:
     topic: str
     fn: Callable[..., object]
     batch: bool
+    max_attempts: int | None = None
+    """Tries before a failing event is dead-lettered; ``None``: the ``max_attempts`` setting."""
+    dead_letter_topic: str | None = None
+    """Where this topic's dead letters go; ``None``: ``<topic>.dlq``."""
+
+    @property
+    def dlq_topic(self) -> str:
+        """The dead-letter topic of this route."""
+        return self.dead_letter_topic or f"{self.topic}.dlq"
 
     @property
     def name(self) -> str:
@@ -78,24 +87,48 @@ class App:
         """Registered topics, sorted."""
         return sorted(self._routes)
 
-    def handler(self, topic: str, *, batch: bool = False) -> Callable[[F], F]:
+    def handler(
+        self,
+        topic: str,
+        *,
+        batch: bool = False,
+        max_attempts: int | None = None,
+        dead_letter_topic: str | None = None,
+    ) -> Callable[[F], F]:
         """Register the decorated function for ``topic``; return it unchanged.
 
         Args:
             topic: a legal Kafka topic name, registered at most once per app.
             batch: the function takes ``(events, tx)`` — the fresh events of
                 one partition batch — instead of ``(event, tx)``.
+            max_attempts: tries before an event whose handler keeps failing
+                goes to the dead-letter topic (default: the ``max_attempts``
+                setting).
+            dead_letter_topic: where dead letters go (default ``<topic>.dlq``).
 
         Raises:
             ConfigurationError: illegal topic name, topic already registered,
-                or the decorated object is not callable.
+                bad ``max_attempts`` or dead-letter topic, or the decorated
+                object is not callable.
         """
         topic_name(topic, setting="handler topic")
+        if max_attempts is not None and not (
+            isinstance(max_attempts, int) and 1 <= max_attempts <= 1000
+        ):
+            raise ConfigurationError(
+                f"@handler({topic!r}, max_attempts={max_attempts!r}) is not allowed: use 1..1000"
+            )
+        dlq = dead_letter_topic or f"{topic}.dlq"
+        topic_name(dlq, setting=f"dead-letter topic of {topic!r}")
+        if dlq == topic:
+            raise ConfigurationError(
+                f"@handler({topic!r}): the dead-letter topic must differ from the topic"
+            )
 
         def register(fn: F) -> F:
             if not callable(fn):
                 raise ConfigurationError(f"@handler({topic!r}) needs a callable, got {fn!r}")
-            route = Route(topic, fn, batch)
+            route = Route(topic, fn, batch, max_attempts, dead_letter_topic)
             existing = self._routes.get(topic)
             if existing is not None:
                 raise ConfigurationError(
@@ -121,9 +154,17 @@ default_app = App()
 """The app the bare :func:`handler` decorator registers on."""
 
 
-def handler(topic: str, *, batch: bool = False) -> Callable[[F], F]:
+def handler(
+    topic: str,
+    *,
+    batch: bool = False,
+    max_attempts: int | None = None,
+    dead_letter_topic: str | None = None,
+) -> Callable[[F], F]:
     """Register the decorated function for ``topic`` on :data:`default_app`.
 
     See :meth:`App.handler`.
     """
-    return default_app.handler(topic, batch=batch)
+    return default_app.handler(
+        topic, batch=batch, max_attempts=max_attempts, dead_letter_topic=dead_letter_topic
+    )

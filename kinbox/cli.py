@@ -1,7 +1,8 @@
 """The ``kinbox`` command: ``worker`` and ``migrate`` (``dev`` and ``outbox`` mount here too).
 
 Exit codes tell a supervisor what went wrong without parsing logs:
-2 configuration, 3 import, 4 connection, 5 schema not migrated.
+2 configuration, 3 import, 4 connection, 5 schema not migrated, 6 stopped on a
+record without a valid event id (``missing_id=fail``).
 """
 
 from __future__ import annotations
@@ -11,21 +12,26 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Sequence
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
+from kinbox.cli_support import (
+    EXIT_BAD_INPUT,
+    EXIT_CONFIG,
+    EXIT_CONNECT,
+    EXIT_IMPORT,
+    EXIT_SCHEMA,
+)
+from kinbox.cli_support import die as _die
+from kinbox.cli_support import guard as _guard
+from kinbox.cli_support import parse_kafka_overrides as _kafka_overrides
 from kinbox.config import Settings
-from kinbox.errors import ConfigurationError, KinboxError, SchemaError, StoreError, TransportError
 from kinbox.inbox_schema import INBOX
 from kinbox.migrations import Component, render
 
-EXIT_CONFIG = 2
-EXIT_IMPORT = 3
-EXIT_CONNECT = 4
-EXIT_SCHEMA = 5
+__all__ = ["EXIT_BAD_INPUT", "EXIT_CONFIG", "EXIT_CONNECT", "EXIT_IMPORT", "EXIT_SCHEMA", "main"]
 
 log = logging.getLogger("kinbox.cli")
 
@@ -53,18 +59,6 @@ def _configure_logging(level: str) -> None:
     )
 
 
-def _kafka_overrides(values: Sequence[str]) -> dict[str, str]:
-    out = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(
-                f"{item.split('=')[0]!r}...: use -X key=value", param_hint="-X"
-            )
-        out[key.strip()] = value
-    return out
-
-
 @main.command()
 @click.argument("target", metavar="MODULE[:APP]")
 @click.option(
@@ -87,6 +81,18 @@ def _kafka_overrides(values: Sequence[str]) -> dict[str, str]:
 @click.option("--batch-max-messages", type=int, help="Most records per poll.")
 @click.option("--batch-max-wait", type=float, help="Longest wait for a poll, seconds.")
 @click.option("--shutdown-timeout", type=float, help="Longest graceful shutdown, seconds.")
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(1, 1000),
+    help="Handler tries before an event is dead-lettered (default 5) [KINBOX_MAX_ATTEMPTS].",
+)
+@click.option(
+    "--missing-id",
+    type=click.Choice(["dead-letter", "derive", "fail"]),
+    help="Record without a valid event id: dead-letter it (default), derive its id from "
+    "topic/partition/offset (suppresses consumer redelivery only, not producer "
+    "duplicates), or fail (stop the worker) [KINBOX_MISSING_ID].",
+)
 @click.option(
     "-X",
     "kafka",
@@ -153,27 +159,6 @@ def _supervise(target: str, flags: dict[str, Any], processes: int, log_level: st
     return max(abs(child.exitcode or 0) for child in children)
 
 
-def _guard(action: Any) -> Any:
-    """Run ``action``; turn kinbox's start-up errors into a message and an exit code."""
-    try:
-        return action()
-    except ImportError as exc:
-        _die(f"cannot import the app: {exc}", EXIT_IMPORT)
-    except ConfigurationError as exc:
-        _die(f"configuration error: {exc}", EXIT_CONFIG)
-    except SchemaError as exc:
-        _die(str(exc), EXIT_SCHEMA)
-    except (StoreError, TransportError) as exc:
-        _die(f"cannot connect: {exc}", EXIT_CONNECT)
-    except KinboxError as exc:
-        _die(str(exc), 1)
-
-
-def _die(message: str, code: int) -> NoReturn:
-    click.echo(f"kinbox: {message}", err=True)
-    sys.exit(code)
-
-
 def components() -> list[Component]:
     """The schema components to migrate: the inbox, and the outbox when installed."""
     found = [INBOX]
@@ -212,9 +197,12 @@ def migrate(database_url: str | None, schema: str | None, print_sql: bool) -> No
 
 # Both ship in this distribution; imported last so `kinbox --help` lists them.
 from kinbox.devstack.command import dev  # noqa: E402
+from kinbox.ops import dlq, inbox  # noqa: E402
 from producer_outbox.cli import outbox  # noqa: E402
 
 main.add_command(dev)
+main.add_command(dlq)
+main.add_command(inbox)
 main.add_command(outbox)
 
 

@@ -31,6 +31,16 @@ _URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*(@)")
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
 MASK = "***"
 
+MISSING_ID_POLICIES = ("dead-letter", "derive", "fail")
+"""Values of ``missing_id``: what to do with a record whose event id is missing or invalid.
+
+``dead-letter`` sends it to the dead-letter topic; ``derive`` uses
+``topic/partition/offset`` as its id, which only suppresses *consumer*
+redelivery of that same record, never a producer's duplicate (a resend lands
+at another offset); ``fail`` stops the worker with an error, committing
+nothing past the record.
+"""
+
 
 @dataclass(frozen=True, repr=False)
 class Settings:
@@ -49,6 +59,8 @@ class Settings:
     pool_size: int = 2
     retry_initial: float = 0.5
     retry_max: float = 30.0
+    max_attempts: int = 5
+    missing_id: str = "dead-letter"
     kafka_overrides: Mapping[str, str] = field(default_factory=dict)
 
     def validate(self) -> Settings:
@@ -77,6 +89,10 @@ class Settings:
                 self.session_timeout,
                 f"1s..max_poll_interval ({self.max_poll_interval}s)",
             )
+        if not 1 <= self.max_attempts <= 1000:
+            _bad("max_attempts", self.max_attempts, "1..1000 (handler tries before dead-lettering)")
+        if self.missing_id not in MISSING_ID_POLICIES:
+            _bad("missing_id", self.missing_id, " | ".join(MISSING_ID_POLICIES))
         if self.pool_size < 1:
             _bad("pool_size", self.pool_size, "1 or more")
         for key in self.kafka_overrides:

@@ -66,8 +66,12 @@ def to_event(record: Record, id_headers: Sequence[str], attempt: int = 1) -> Eve
     Raises:
         EnvelopeError: see :func:`event_id`.
     """
+    return _event(record, event_id(record, id_headers), attempt)
+
+
+def _event(record: Record, id_: str, attempt: int) -> Event:
     return Event(
-        id=event_id(record, id_headers),
+        id=id_,
         topic=record.topic,
         partition=record.partition,
         offset=record.offset,
@@ -77,6 +81,16 @@ def to_event(record: Record, id_headers: Sequence[str], attempt: int = 1) -> Eve
         timestamp=record.timestamp,
         attempt=attempt,
     )
+
+
+def derived_id(record: Record) -> str:
+    """``topic/partition/offset``: an id for a record that has none (``missing_id=derive``)."""
+    return f"{record.topic}/{record.partition}/{record.offset}"
+
+
+def derived_event(record: Record, attempt: int = 1) -> Event:
+    """The :class:`Event` for ``record`` with its :func:`derived_id`."""
+    return _event(record, derived_id(record), attempt)
 
 
 def _error(record: Record, reason: str) -> EnvelopeError:

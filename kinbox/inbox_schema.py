@@ -1,6 +1,7 @@
 """Migration steps of the inbox component: the ``processed_events`` table.
 
-Step 1 creates the table. Its primary key ``(consumer, event_id)`` *is* the
+Step 1 creates the table; step 2 adds ``reason`` (why a row is
+``dead_lettered`` or ``skipped``). Its primary key ``(consumer, event_id)`` *is* the
 dedup guarantee: the claim ``INSERT ... ON CONFLICT DO NOTHING`` of a second
 delivery conflicts with the first one's row (or waits for the first one's
 transaction, if it is still open) and drops out. Keying on the consumer group
@@ -41,5 +42,15 @@ def _create_processed_events(schema: sql.Identifier) -> list[sql.Composed]:
     ]
 
 
-INBOX = Component("inbox", [_create_processed_events])
+def _add_reason(schema: sql.Identifier) -> list[sql.Composed]:
+    # Why an event was dead-lettered or skipped (DESIGN invariant 2: "recorded
+    # as dead-lettered/skipped with its reason"); NULL for applied events.
+    return [
+        sql.SQL("ALTER TABLE {}.processed_events ADD COLUMN IF NOT EXISTS reason text").format(
+            schema
+        )
+    ]
+
+
+INBOX = Component("inbox", [_create_processed_events, _add_reason])
 """The inbox component; ``kinbox migrate`` brings it to ``INBOX.version``."""

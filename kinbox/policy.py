@@ -1,11 +1,12 @@
-"""Failure policy: what to do when a partition batch cannot be applied.
+"""Failure policy: how long a partition waits after a failure it must retry.
 
-The runner never decides this itself; it describes the :class:`Failure` and
-asks a :class:`FailurePolicy`. :class:`RetryPolicy` (the only policy so far)
-always retries with exponential backoff and jitter, so the offset never moves
-past a failed event. The dead-letter / derive / fail policies for bad input
-and permanent handler failures slot in here as further policies returning
-other actions.
+Permanent failures never get here: the batch processor dead-letters them
+inside the batch's transaction (see :mod:`kinbox.batch`). What reaches the
+runner is a failure to retry — a handler's non-final failure, a database
+outage, a dead letter the broker did not acknowledge — or, under
+``missing_id=fail``, a bad record that stops the worker. The runner describes
+the :class:`Failure` and asks a :class:`FailurePolicy` for the delay;
+:class:`RetryPolicy` backs off exponentially with jitter (tenacity's wait).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Literal, Protocol
 import tenacity
 
 from kinbox.envelope import Record
-from kinbox.errors import EnvelopeError, Retry, StoreError
+from kinbox.errors import EnvelopeError, Retry, StoreError, TransportError
 from kinbox.event import Event
 
 
@@ -33,6 +34,9 @@ class Failure:
             the handler raised).
         event: the event whose handler failed, when one did.
         record: the record that could not become an event, for envelope errors.
+        streak: consecutive failures of the partition at this offset, of any
+            kind (set by the runner; the backoff grows with it, while only
+            handler failures count towards ``max_attempts``).
     """
 
     topic: str
@@ -42,14 +46,17 @@ class Failure:
     error: BaseException
     event: Event | None = None
     record: Record | None = None
+    streak: int = 1
 
     @property
     def kind(self) -> str:
-        """``envelope``, ``store`` or ``handler``: for logs and metrics."""
+        """``envelope``, ``store``, ``dead-letter`` or ``handler``: for logs and metrics."""
         if isinstance(self.error, EnvelopeError):
             return "envelope"
         if isinstance(self.error, StoreError) and self.event is None:
             return "store"
+        if isinstance(self.error, TransportError) and self.event is None:
+            return "dead-letter"
         return "handler"
 
 
@@ -84,5 +91,5 @@ class RetryPolicy:
         if isinstance(failure.error, Retry):
             return Decision("retry", max(0.0, failure.error.delay))
         state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
-        state.attempt_number = failure.attempt
+        state.attempt_number = max(1, failure.streak)
         return Decision("retry", self._wait(state))

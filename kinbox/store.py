@@ -9,7 +9,7 @@ again may succeed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
@@ -44,12 +44,18 @@ class InboxTransaction(Protocol):
     def connection(self) -> Any:
         """The object handlers receive as ``tx`` (a psycopg ``Connection``)."""
 
-    def claim(self, events: Sequence[Event]) -> list[Event]:
+    def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
         """Record ``events`` as processed for this consumer; return the fresh ones.
 
         Fresh means: not recorded before (by any earlier transaction) and the
-        first of its id within ``events``. The order of ``events`` is kept.
+        first of its id within ``events``. An id in ``reclaim`` (a record
+        re-published by ``kinbox dlq replay``) is also fresh when its row is
+        ``dead_lettered``: the row becomes ``applied`` again. The order of
+        ``events`` is kept.
         """
+
+    def dead_letter(self, event: Event, reason: str) -> None:
+        """Set the claimed row of ``event`` to ``dead_lettered`` with ``reason``."""
 
     def savepoint(self) -> AbstractContextManager[None]:
         """A nested transaction: an exception inside rolls back only its work."""
@@ -72,6 +78,43 @@ class InboxStore(Protocol):
 def translate(exc: BaseException) -> StoreError:
     """Return the :class:`StoreError` for a psycopg (or pool) exception."""
     return StoreError(f"{type(exc).__name__}: {exc}".strip(), transient=isinstance(exc, _TRANSIENT))
+
+
+def transient_cause(exc: BaseException) -> StoreError | None:
+    """Return a transient :class:`StoreError` if ``exc`` comes from the database going away.
+
+    A handler works on the raw psycopg connection, so a server restart or a
+    killed backend surfaces as whatever the handler raises, usually the
+    psycopg error itself or an error chained to it. Such a failure says
+    nothing about the event: it must be retried without counting towards the
+    event's ``max_attempts``, never dead-lettered.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, StoreError):
+            return current if current.transient else None
+        if isinstance(current, psycopg.Error) and _outage(current):
+            return translate(current)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+# SQLSTATEs that say "the database, not this event": connection exceptions
+# (class 08), shutdown/crash (57P01-3), too many connections, and the
+# serialization failures the server asks us to retry. A statement timeout or a
+# lock timeout is left out on purpose: a poison event can cause those every time.
+_OUTAGE_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40P01"})
+
+
+def _outage(exc: psycopg.Error) -> bool:
+    if isinstance(exc, psycopg.InterfaceError):
+        return True
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in _OUTAGE_STATES
 
 
 def first_occurrences(events: Sequence[Event]) -> list[Event]:
@@ -124,6 +167,27 @@ class PostgresInboxStore:
             " ON CONFLICT (consumer, event_id) DO NOTHING"
             " RETURNING event_id"
         ).format(sql.Identifier(self._schema))
+        # The same claim for replayed records, except that a dead-lettered row
+        # may be taken over: the row lock the UPDATE takes serialises two
+        # deliveries of the replay exactly like the INSERT does, and an
+        # applied row never matches the WHERE, so a replay applies at most once.
+        self._reclaim = sql.SQL(
+            "INSERT INTO {}.processed_events"
+            ' (consumer, event_id, status, topic, partition, "offset")'
+            " SELECT %s, c.event_id, 'applied', c.topic, c.partition, c.off"
+            " FROM unnest(%s::text[], %s::text[], %s::int[], %s::bigint[])"
+            " AS c(event_id, topic, partition, off)"
+            " ON CONFLICT (consumer, event_id) DO UPDATE SET status = 'applied',"
+            ' topic = EXCLUDED.topic, partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
+            " processed_at = now(), reason = NULL"
+            " WHERE processed_events.status = 'dead_lettered'"
+            " RETURNING event_id"
+        ).format(sql.Identifier(self._schema))
+        # Runs only on a row this transaction just claimed, so it always finds it.
+        self._dead_letter = sql.SQL(
+            "UPDATE {}.processed_events SET status = 'dead_lettered', reason = %s"
+            " WHERE consumer = %s AND event_id = %s"
+        ).format(sql.Identifier(self._schema))
 
     def open(self, timeout: float = 30.0) -> None:
         """Open the pool and check that ``kinbox migrate`` has run.
@@ -146,7 +210,7 @@ class PostgresInboxStore:
         """See :meth:`InboxStore.transaction`."""
         try:
             with self._pool.connection() as conn, conn.transaction():
-                yield _PostgresTransaction(conn, self._consumer, self._claim)
+                yield _PostgresTransaction(conn, self._consumer, self)
         except psycopg.Error as exc:
             raise translate(exc) from exc
 
@@ -156,32 +220,46 @@ class PostgresInboxStore:
 
 
 class _PostgresTransaction:
-    def __init__(self, conn: psycopg.Connection[Any], consumer: str, claim: sql.Composed) -> None:
+    def __init__(
+        self, conn: psycopg.Connection[Any], consumer: str, store: PostgresInboxStore
+    ) -> None:
         self._conn = conn
         self._consumer = consumer
-        self._claim_sql = claim
+        self._store = store
 
     @property
     def connection(self) -> psycopg.Connection[Any]:
         return self._conn
 
-    def claim(self, events: Sequence[Event]) -> list[Event]:
+    def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
         unique = first_occurrences(events)
-        if not unique:
-            return []
+        fresh: set[str] = set()
+        plain = [e for e in unique if e.id not in reclaim]
+        replayed = [e for e in unique if e.id in reclaim]
+        for statement, group in ((self._store._claim, plain), (self._store._reclaim, replayed)):
+            if group:
+                fresh.update(self._run_claim(statement, group))
+        return [e for e in unique if e.id in fresh]
+
+    def _run_claim(self, statement: sql.Composed, events: Sequence[Event]) -> set[str]:
         params = (
             self._consumer,
-            [e.id for e in unique],
-            [e.topic for e in unique],
-            [e.partition for e in unique],
-            [e.offset for e in unique],
+            [e.id for e in events],
+            [e.topic for e in events],
+            [e.partition for e in events],
+            [e.offset for e in events],
         )
         try:
-            rows = self._conn.execute(self._claim_sql, params).fetchall()
+            rows = self._conn.execute(statement, params).fetchall()
         except psycopg.Error as exc:
             raise translate(exc) from exc
-        fresh = {row[0] for row in rows}
-        return [e for e in unique if e.id in fresh]
+        return {row[0] for row in rows}
+
+    def dead_letter(self, event: Event, reason: str) -> None:
+        try:
+            self._conn.execute(self._store._dead_letter, (reason, self._consumer, event.id))
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:

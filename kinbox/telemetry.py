@@ -19,6 +19,9 @@ applied = _meter.create_counter("kinbox.events.applied", description="handlers c
 duplicates = _meter.create_counter(
     "kinbox.events.duplicate", description="deliveries suppressed by the inbox"
 )
+dead_lettered = _meter.create_counter(
+    "kinbox.events.dead_lettered", description="records sent to a dead-letter topic"
+)
 failures = _meter.create_counter(
     "kinbox.batches.failed", description="partition batches rolled back"
 )

@@ -1,8 +1,10 @@
-"""The Kafka transport: the only module that consumes through confluent-kafka.
+"""The Kafka transport: the only module that talks to Kafka through confluent-kafka.
 
 :class:`Transport` is the seam the runner depends on (a fake implements it in
-the unit tests); :class:`KafkaTransport` is the real one. ``KafkaException``
-is translated to :class:`~kinbox.errors.TransportError` here.
+the unit tests); :class:`KafkaTransport` is the real one. :class:`Publisher`
+(real: :class:`KafkaPublisher`) sends dead letters and replays, and
+:func:`read_topic` reads a topic from its start for ``kinbox dlq replay``.
+``KafkaException`` is translated to :class:`~kinbox.errors.TransportError` here.
 
 Offsets: ``enable.auto.commit=false`` and ``enable.auto.offset.store=false``.
 kinbox commits synchronously, and only offsets whose events are committed in
@@ -13,7 +15,8 @@ commit on revoke, including partitions whose batch was rolled back).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from confluent_kafka import (
@@ -22,6 +25,7 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
+    Producer,
     TopicPartition,
 )
 
@@ -214,6 +218,156 @@ class KafkaTransport:
             method([TopicPartition(t, p) for t, p in partitions])
         except KafkaException as exc:
             raise _translate(f"{what} {list(partitions)}", exc) from exc
+
+
+class Publisher(Protocol):
+    """Produces records and says when the broker has acknowledged all of them."""
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]],
+    ) -> None:
+        """Queue one record (asynchronous; :meth:`flush` waits for it).
+
+        Raises:
+            TransportError: the client refused it at once (too large, unknown topic...).
+        """
+
+    def flush(self) -> None:
+        """Wait until every queued record is acknowledged.
+
+        Raises:
+            TransportError: a record failed or was not acknowledged in time;
+                the caller must treat none of them as delivered.
+        """
+
+    def close(self) -> None:
+        """Flush what is left (best effort) and release the client."""
+
+
+def producer_config(settings: Settings) -> dict[str, Any]:
+    """Producer configuration: idempotent, ``acks=all``; ``-X`` overrides win.
+
+    Consumer-only ``-X`` keys are left out, so security settings shared by
+    both clients apply to the producer too without warnings.
+    """
+    consumer_only = ("group.", "session.", "heartbeat.", "max.poll.", "auto.", "enable.auto")
+    overrides = {
+        k: v for k, v in settings.kafka_overrides.items() if not k.startswith(consumer_only)
+    }
+    return {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "enable.idempotence": True,
+        "acks": "all",
+        # Bounds flush(): a dead letter not acknowledged by then fails the batch.
+        "message.timeout.ms": 30000,
+        "logger": logging.getLogger("kinbox.kafka"),
+        **overrides,
+    }
+
+
+class KafkaPublisher:
+    """:class:`Publisher` on a confluent-kafka ``Producer``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._config = producer_config(settings)
+        self._timeout = int(self._config["message.timeout.ms"]) / 1000 + 5.0
+        self._errors: list[str] = []
+        try:
+            self._producer = Producer(self._config)
+        except KafkaException as exc:
+            raise _translate("creating the producer", exc) from exc
+
+    def _delivered(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self._errors.append(f"{msg.topic()}: {err.str()} ({err.name()})")
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]],
+    ) -> None:
+        """See :meth:`Publisher.send`."""
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value=value, key=key, headers=list(headers), on_delivery=self._delivered
+                )
+                return
+            except BufferError:
+                self._producer.poll(0.1)  # local queue full: let delivery reports drain
+            except KafkaException as exc:
+                raise _translate(f"producing to {topic!r}", exc) from exc
+
+    def flush(self) -> None:
+        """See :meth:`Publisher.flush`."""
+        left = self._producer.flush(self._timeout)
+        errors, self._errors = self._errors, []
+        if left:
+            raise TransportError(f"{left} record(s) not acknowledged in time", retriable=True)
+        if errors:
+            raise TransportError(f"produce failed: {'; '.join(errors[:3])}", retriable=True)
+
+    def close(self) -> None:
+        """See :meth:`Publisher.close`."""
+        self._producer.flush(5.0)
+
+
+def read_topic(settings: Settings, topic: str, timeout: float = 10.0) -> Iterator[Record]:
+    """Yield every record of ``topic`` from its start up to its end as of now.
+
+    Reads with a group-less consumer (nothing is committed) partition by
+    partition, in offset order within each.
+
+    Raises:
+        TransportError: the topic does not exist or cannot be read.
+    """
+    config = consumer_config(settings)
+    # A plain assign()-ed reader: no group membership, so none of its settings.
+    for key in list(config):
+        if key.startswith(("group.", "partition.assignment", "session.", "max.poll.")):
+            del config[key]
+    config["group.id"] = f"kinbox-reader-{time.time_ns()}"
+    try:
+        consumer = Consumer(config)
+    except KafkaException as exc:
+        raise _translate("creating a reader", exc) from exc
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise TransportError(
+                f"cannot read topic {topic!r}: {meta and meta.error}", retriable=False
+            )
+        for partition in sorted(meta.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout)
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topic, partition, low)])
+            position = low
+            while position < high:
+                msg = consumer.poll(timeout)
+                if msg is None:
+                    raise TransportError(
+                        f"{topic}[{partition}]: nothing read in {timeout}s", retriable=True
+                    )
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        break
+                    raise TransportError(
+                        f"reading {topic}[{partition}]: {err.str()}", retriable=True
+                    )
+                position = cast(int, msg.offset()) + 1
+                yield _record(msg)
+    except KafkaException as exc:
+        raise _translate(f"reading {topic!r}", exc) from exc
+    finally:
+        consumer.close()
 
 
 def _pairs(parts: list[TopicPartition]) -> list[Partition]:

@@ -25,7 +25,7 @@ from kinbox.config import Settings
 from kinbox.errors import ConfigurationError
 from kinbox.runner import Runner
 from kinbox.store import PostgresInboxStore
-from kinbox.transport import KafkaTransport
+from kinbox.transport import KafkaPublisher, KafkaTransport
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +77,11 @@ def run(app: App, settings: Settings) -> None:
     store.open()
     try:
         transport = KafkaTransport(settings)
+        publisher = KafkaPublisher(settings)
     except BaseException:
         store.close()
         raise
-    runner = Runner(app, settings, transport, store)
+    runner = Runner(app, settings, transport, store, publisher=publisher)
     _install_signals(runner, settings.shutdown_timeout)
     log.info("starting with %r", settings)
     runner.run()

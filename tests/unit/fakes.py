@@ -1,8 +1,8 @@
-"""In-memory stand-ins for the two seams: InboxStore and Transport."""
+"""In-memory stand-ins for the seams: InboxStore, Transport and Publisher."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,16 +25,23 @@ class _FakeTx:
         self._store = store
         self.connection = FakeConn(store.effects)
 
-    def claim(self, events: Sequence[Event]) -> list[Event]:
+    def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
         if self._store.fail_claims:
             self._store.fail_claims -= 1
             raise StoreError("OperationalError: server closed the connection", transient=True)
         fresh = []
         for event in first_occurrences(events):
-            if event.id not in self._store.claimed:
+            taken_over = event.id in reclaim and self._store.status.get(event.id) == "dead_lettered"
+            if event.id not in self._store.claimed or taken_over:
                 self._store.claimed[event.id] = event
+                self._store.status[event.id] = "applied"
                 fresh.append(event)
         return fresh
+
+    def dead_letter(self, event: Event, reason: str) -> None:
+        assert event.id in self._store.claimed
+        self._store.status[event.id] = "dead_lettered"
+        self._store.reasons[event.id] = reason
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -51,21 +58,28 @@ class FakeStore:
 
     def __init__(self) -> None:
         self.claimed: dict[str, Event] = {}
+        self.status: dict[str, str] = {}
+        self.reasons: dict[str, str] = {}
         self.effects: list[Any] = []
         self.commits = 0
         self.fail_claims = 0
+        # Ambiguous commits: the transaction commits, then the "connection" is lost.
+        self.lose_after_commit = 0
         self.closed = False
 
     @contextmanager
     def transaction(self) -> Iterator[_FakeTx]:
-        claimed, mark = dict(self.claimed), len(self.effects)
+        saved = dict(self.claimed), dict(self.status), dict(self.reasons), len(self.effects)
         try:
             yield _FakeTx(self)
         except BaseException:
-            self.claimed = claimed
-            del self.effects[mark:]
+            self.claimed, self.status, self.reasons = saved[0], saved[1], saved[2]
+            del self.effects[saved[3] :]
             raise
         self.commits += 1
+        if self.lose_after_commit:
+            self.lose_after_commit -= 1
+            raise StoreError("OperationalError: connection lost during COMMIT", transient=True)
 
     def close(self) -> None:
         self.closed = True
@@ -141,8 +155,51 @@ class FakeTransport:
         self.closed = True
 
 
+class FakePublisher:
+    """Records sent and acknowledged at :meth:`flush`; ``fail_flushes`` makes flushes fail."""
+
+    def __init__(self) -> None:
+        self.queued: list[Record] = []
+        self.acked: list[Record] = []
+        self.fail_flushes = 0
+        self.closed = False
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]],
+    ) -> None:
+        self.queued.append(Record(topic, 0, len(self.queued), key, value, list(headers)))
+
+    def flush(self) -> None:
+        queued, self.queued = self.queued, []
+        if self.fail_flushes:
+            self.fail_flushes -= 1
+            raise TransportError("broker unreachable", retriable=True)
+        self.acked.extend(queued)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def headers(self, index: int) -> dict[str, str]:
+        """The ``kinbox.dlq.*`` headers of the ``index``-th acknowledged record, as text."""
+        return {
+            k: (v or b"").decode()
+            for k, v in self.acked[index].headers
+            if k.startswith("kinbox.dlq.")
+        }
+
+
 def record(
-    topic: str, partition: int, offset: int, event_id: str | None, value: bytes = b"{}"
+    topic: str,
+    partition: int,
+    offset: int,
+    event_id: str | None,
+    value: bytes = b"{}",
+    headers: Sequence[tuple[str, bytes | None]] | None = None,
 ) -> Record:
-    headers = [] if event_id is None else [("event-id", event_id.encode())]
-    return Record(topic, partition, offset, None, value, headers, 1_700_000_000_000)
+    if headers is None:
+        headers = [] if event_id is None else [("event-id", event_id.encode())]
+    return Record(topic, partition, offset, None, value, list(headers), 1_700_000_000_000)

@@ -55,3 +55,36 @@ def test_bare_handler_registers_on_the_default_app() -> None:
     def fn(event: Event, tx: Any) -> None: ...
 
     assert kinbox.default_app.routes["test-default-app-topic"].fn is fn
+
+
+def test_dead_letter_options_are_validated_at_registration() -> None:
+    app = App(group_id="g")
+
+    @app.handler("a", max_attempts=3, dead_letter_topic="a-poison")
+    def one(event: Event, tx: Any) -> None: ...
+
+    @app.handler("b")
+    def two(event: Event, tx: Any) -> None: ...
+
+    assert (app.routes["a"].max_attempts, app.routes["a"].dlq_topic) == (3, "a-poison")
+    assert app.routes["b"].dlq_topic == "b.dlq"
+    for bad in (
+        {"max_attempts": 0},
+        {"dead_letter_topic": "no spaces"},
+        {"dead_letter_topic": "c"},
+    ):
+        with pytest.raises(ConfigurationError):
+            app.handler("c", **bad)
+
+
+def test_failure_settings_are_validated() -> None:
+    from kinbox.config import Settings
+
+    base: dict[str, Any] = {"database_url": "postgresql:///x", "group_id": "g"}
+    assert Settings(**base).validate().missing_id == "dead-letter"
+    with pytest.raises(ConfigurationError, match="missing_id='skip'"):
+        Settings(**base, missing_id="skip").validate()
+    with pytest.raises(ConfigurationError, match="max_attempts=0"):
+        Settings(**base, max_attempts=0).validate()
+    loaded = Settings.load({}, {"KINBOX_MAX_ATTEMPTS": "9", "KINBOX_MISSING_ID": "derive"})
+    assert (loaded.max_attempts, loaded.missing_id) == (9, "derive")

@@ -105,23 +105,24 @@ def test_handler_failure_rolls_back_holds_the_offset_and_retries_after_backoff()
 
     runner, store, clock = make(app, transport)
 
-    runner.turn()  # fails at e1: whole batch rolled back, nothing committed
-    assert store.effects == []
-    assert store.claimed == {}
-    assert transport.committed == {}
+    runner.turn()  # fails at e1: its work rolled back, e0 committed, the partition stops at e1
+    assert store.effects == ["e0"]
+    assert set(store.claimed) == {"e0"}
+    assert transport.committed == {(T, 0): 1}
     assert (T, 0) in transport.paused
 
     runner.turn()  # still backing off: the partition stays paused, nothing happens
-    assert store.effects == []
+    assert store.effects == ["e0"]
 
     clock.now += 60
     runner.turn()  # attempt 2 fails again
-    assert transport.committed == {}
+    assert transport.committed == {(T, 0): 1}
     clock.now += 60
     runner.turn()  # attempt 3 succeeds
     assert store.effects == ["e0", "e1", "e2"]
     assert transport.committed == {(T, 0): 3}
-    assert calls[-3:] == [("e0", 3), ("e1", 3), ("e2", 3)]
+    # e0 ran twice (its first try was rolled back with e1's), then e1 counted its own tries
+    assert calls == [("e0", 1), ("e1", 1), ("e0", 1), ("e1", 2), ("e1", 3), ("e2", 1)]
 
 
 def test_handler_can_ask_for_its_own_retry_delay() -> None:
@@ -179,19 +180,19 @@ def test_other_partitions_keep_flowing_while_one_backs_off() -> None:
     assert transport.committed == {(T, 1): 1}
 
 
-def test_missing_id_commits_the_events_before_it_and_holds_the_partition() -> None:
+def test_missing_id_fail_commits_the_events_before_it_and_stops_the_worker() -> None:
+    from kinbox.errors import EnvelopeError
+
     transport = FakeTransport()
     transport.append(record(T, 0, 0, "a"))
     transport.append(record(T, 0, 1, None))
     transport.append(record(T, 0, 2, "c"))
-    runner, store, clock = make(recording_app([]), transport)
-    runner.turn()
+    runner, store, _ = make(recording_app([]), transport, missing_id="fail")
+    with pytest.raises(EnvelopeError, match=r"missing_id=fail: no event id header.*lessons\[0\]@1"):
+        runner.turn()
+    runner._commit()  # what run()'s finally does on the way out
     assert store.effects == [("a", 0, 0)]
     assert transport.committed == {(T, 0): 1}  # not past the bad record
-    clock.now += 3600
-    runner.turn()
-    assert transport.committed == {(T, 0): 1}
-    assert [e[0] for e in store.effects] == ["a"]
 
 
 def test_batch_handler_gets_fresh_events_of_one_partition_in_order() -> None:

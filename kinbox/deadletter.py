@@ -1,0 +1,179 @@
+"""Dead letters: what kinbox sends to a dead-letter topic, and ``kinbox dlq replay``.
+
+A dead letter is the original record — key, value and headers unchanged, so
+its event id travels with it — plus ``kinbox.dlq.*`` headers saying where it
+came from and why it was given up:
+
+=========================  ==================================================
+``kinbox.dlq.topic``       original topic (replay publishes back to it)
+``kinbox.dlq.partition``   original partition
+``kinbox.dlq.offset``      original offset
+``kinbox.dlq.consumer``    the consumer group that gave it up
+``kinbox.dlq.reason``      ``handler-error``, ``retries-exhausted``,
+                           ``invalid-id`` or ``dead-letter-requested: <why>``
+``kinbox.dlq.error.type``  exception class
+``kinbox.dlq.error.message`` exception text, at most 1000 bytes
+``kinbox.dlq.attempts``    handler tries made
+``kinbox.dlq.time``        when, ISO 8601 UTC
+=========================  ==================================================
+
+Replay re-publishes a dead letter to its original topic with its original
+headers and a ``kinbox.replay`` header. Only a record carrying that header may
+take over an event's ``dead_lettered`` row in ``processed_events`` (see
+:meth:`kinbox.store.InboxTransaction.claim`); an ``applied`` row is never taken
+over, so replaying the same dead letter twice still applies the event once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from kinbox.envelope import Record
+from kinbox.transport import Publisher
+
+log = logging.getLogger(__name__)
+
+PREFIX = "kinbox.dlq."
+REPLAY_HEADER = "kinbox.replay"
+"""Set by ``kinbox dlq replay``: ``<dlq topic>/<partition>/<offset>`` of the dead letter."""
+MAX_MESSAGE_BYTES = 1000
+
+HANDLER_ERROR = "handler-error"
+RETRIES_EXHAUSTED = "retries-exhausted"
+INVALID_ID = "invalid-id"
+REQUESTED = "dead-letter-requested"
+
+
+@dataclass(frozen=True)
+class Letter:
+    """One record being given up.
+
+    Attributes:
+        record: the record as consumed.
+        target: the dead-letter topic.
+        consumer: the consumer group.
+        reason: one of the reason codes (see the module docstring).
+        error: what made it fail.
+        attempts: handler tries made (0 when the handler never ran).
+    """
+
+    record: Record
+    target: str
+    consumer: str
+    reason: str
+    error: BaseException
+    attempts: int
+
+    @property
+    def summary(self) -> str:
+        """Reason, error type and message in one line, for the log and ``processed_events``."""
+        return _truncate(f"{self.reason}: {type(self.error).__name__}: {self.error}")
+
+
+def headers(letter: Letter, now: dt.datetime | None = None) -> list[tuple[str, bytes | None]]:
+    """The dead letter's headers: the original ones, then the ``kinbox.dlq.*`` ones."""
+    r = letter.record
+    when = (now or dt.datetime.now(dt.UTC)).isoformat(timespec="milliseconds")
+    extra = {
+        "topic": r.topic,
+        "partition": str(r.partition),
+        "offset": str(r.offset),
+        "consumer": letter.consumer,
+        "reason": letter.reason,
+        "error.type": type(letter.error).__name__,
+        "error.message": _truncate(str(letter.error)),
+        "attempts": str(letter.attempts),
+        "time": when,
+    }
+    original = [(k, v) for k, v in r.headers if not k.startswith(PREFIX)]
+    return original + [(PREFIX + k, v.encode()) for k, v in extra.items()]
+
+
+def send(publisher: Publisher, letter: Letter) -> None:
+    """Queue ``letter`` on ``publisher``; the caller flushes before its DB commit."""
+    r = letter.record
+    log.error(
+        "dead-lettering %s[%d]@%d to %r after %d attempt(s): %s",
+        r.topic, r.partition, r.offset, letter.target, letter.attempts, letter.summary,
+    )  # fmt: skip
+    publisher.send(letter.target, r.key, r.value, headers(letter))
+
+
+def header(record: Record, name: str) -> str | None:
+    """The first ``name`` header of ``record`` as text, or ``None``."""
+    for key, value in record.headers:
+        if key == name and value is not None:
+            return value.decode("utf-8", "replace")
+    return None
+
+
+def replay_headers(record: Record) -> list[tuple[str, bytes | None]]:
+    """Original headers of a dead letter, marked as a replay of it."""
+    kept = [(k, v) for k, v in record.headers if not k.startswith(PREFIX) and k != REPLAY_HEADER]
+    mark = f"{record.topic}/{record.partition}/{record.offset}".encode()
+    return [*kept, (REPLAY_HEADER, mark)]
+
+
+@dataclass
+class ReplayReport:
+    """What ``kinbox dlq replay`` did (or would do, in a dry run)."""
+
+    read: int = 0
+    replayed: int = 0
+    skipped: int = 0
+    lines: list[str] | None = None
+
+
+def replay(
+    records: Iterable[Record],
+    publisher: Publisher | None,
+    *,
+    filter_reason: str | None = None,
+    limit: int | None = None,
+) -> ReplayReport:
+    """Re-publish dead letters to their original topics; ``publisher=None`` is a dry run.
+
+    Records without a ``kinbox.dlq.topic`` header are not dead letters and are
+    skipped. The publisher is flushed at the end, so on return every replayed
+    record is acknowledged.
+
+    Raises:
+        TransportError: a record could not be published (some may have been).
+    """
+    report = ReplayReport(lines=[])
+    for record in records:
+        report.read += 1
+        origin = header(record, PREFIX + "topic")
+        reason = header(record, PREFIX + "reason") or ""
+        if origin is None or (filter_reason is not None and filter_reason not in reason):
+            report.skipped += 1
+            continue
+        if limit is not None and report.replayed >= limit:
+            break
+        report.replayed += 1
+        assert report.lines is not None
+        report.lines.append(
+            f"{record.topic}[{record.partition}]@{record.offset} -> {origin} "
+            f"(from {origin}[{header(record, PREFIX + 'partition')}]"
+            f"@{header(record, PREFIX + 'offset')}, reason {reason!r})"
+        )
+        if publisher is not None:
+            publisher.send(origin, record.key, record.value, replay_headers(record))
+    if publisher is not None:
+        publisher.flush()
+    return report
+
+
+def _truncate(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return text
+    return raw[: limit - 3].decode("utf-8", "ignore") + "..."
+
+
+def is_replay(headers_: Sequence[tuple[str, bytes | None]]) -> bool:
+    """Whether a record carries the ``kinbox.replay`` header."""
+    return any(k == REPLAY_HEADER for k, _ in headers_)

@@ -1,0 +1,127 @@
+"""Operator commands: ``kinbox dlq replay`` and ``kinbox inbox cleanup``."""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+from typing import Any
+
+import click
+
+from kinbox import deadletter
+from kinbox.cli_support import EXIT_CONFIG, die, guard, parse_kafka_overrides
+from kinbox.config import Settings
+from kinbox.names import topic_name
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse ``14d``, ``36h``, ``90m`` or ``30s``.
+
+    Raises:
+        click.BadParameter: any other form.
+    """
+    found = _DURATION.fullmatch(text.strip())
+    if not found:
+        raise click.BadParameter(f"{text!r}: use a number and s, m, h or d, e.g. 14d")
+    number, unit = found.groups()
+    return timedelta(**{_UNITS[unit]: float(number)})
+
+
+@click.group()
+def dlq() -> None:
+    """Dead-letter topics."""
+
+
+@dlq.command()
+@click.option("--topic", required=True, help="The dead-letter topic to read, e.g. orders.dlq.")
+@click.option(
+    "--filter-reason", metavar="SUBSTR", help="Only records whose kinbox.dlq.reason contains it."
+)
+@click.option("--dry-run", is_flag=True, help="List what would be replayed; publish nothing.")
+@click.option("--limit", type=click.IntRange(1), help="Replay at most this many records.")
+@click.option("--bootstrap-servers", help="Kafka brokers [KINBOX_BOOTSTRAP_SERVERS].")
+@click.option("-X", "kafka", multiple=True, metavar="KEY=VALUE", help="librdkafka property.")
+def replay(
+    topic: str,
+    filter_reason: str | None,
+    dry_run: bool,
+    limit: int | None,
+    bootstrap_servers: str | None,
+    kafka: tuple[str, ...],
+) -> None:
+    """Re-publish dead letters to their original topic, so their handler runs again.
+
+    Each record goes back with its original key, value and headers (so its
+    event id is the same) plus a kinbox.replay header. A consumer group that
+    dead-lettered the event applies it once; a group that applied it already
+    ignores it, and replaying the same dead letter again applies nothing more.
+    Fix the handler (or the data) and deploy it before replaying.
+    """
+    from kinbox.transport import KafkaPublisher, read_topic
+
+    flags: dict[str, Any] = {
+        "bootstrap_servers": bootstrap_servers,
+        "kafka_overrides": parse_kafka_overrides(kafka) or None,
+    }
+    settings: Settings = guard(lambda: Settings.load(flags, os.environ))
+    guard(lambda: topic_name(topic, setting="--topic"))
+
+    def run() -> deadletter.ReplayReport:
+        publisher = None if dry_run else KafkaPublisher(settings)
+        try:
+            return deadletter.replay(
+                read_topic(settings, topic), publisher, filter_reason=filter_reason, limit=limit
+            )
+        finally:
+            if publisher is not None:
+                publisher.close()
+
+    report: deadletter.ReplayReport = guard(run)
+    for line in report.lines or []:
+        click.echo(("would replay " if dry_run else "replayed ") + line)
+    verb = "would replay" if dry_run else "replayed"
+    click.echo(f"{verb} {report.replayed} of {report.read} read; {report.skipped} skipped")
+
+
+@click.group()
+def inbox() -> None:
+    """The inbox table, processed_events."""
+
+
+@inbox.command()
+@click.option(
+    "--older-than",
+    required=True,
+    metavar="DURATION",
+    help="Delete rows processed longer ago than this (14d, 36h, ...). It MUST exceed the "
+    "longest redelivery horizon — topic retention, worst consumer lag, dead-letter "
+    "replays — or a late redelivery is applied a second time.",
+)
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True)
+@click.option("--database-url", help="PostgreSQL URL [KINBOX_DATABASE_URL].")
+@click.option("--schema", help="Schema of the kinbox tables [KINBOX_SCHEMA].")
+def cleanup(older_than: str, batch_size: int, database_url: str | None, schema: str | None) -> None:
+    """Delete old processed_events rows in bounded batches.
+
+    Retention must exceed the longest redelivery horizon (topic retention,
+    consumer lag, dead-letter replays): a redelivered event whose row is gone
+    is applied again.
+    """
+    from kinbox.retention import delete_processed
+
+    age = parse_duration(older_than)
+    settings: Settings = guard(
+        lambda: Settings.load({"database_url": database_url, "schema": schema}, os.environ)
+    )
+    if not settings.database_url:
+        die("set --database-url or KINBOX_DATABASE_URL", EXIT_CONFIG)
+    deleted = guard(
+        lambda: delete_processed(
+            settings.database_url, settings.schema, older_than=age, batch=batch_size
+        )
+    )
+    click.echo(f"deleted {deleted} processed_events row(s) older than {older_than}")

@@ -1,0 +1,86 @@
+"""Helpers for the failure-handling integration tests (real broker, real PostgreSQL)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from psycopg import sql
+
+from kinbox.app import App
+from kinbox.config import Settings
+from kinbox.envelope import Record
+from kinbox.event import Event
+from kinbox.runner import Runner
+from kinbox.store import PostgresInboxStore
+from kinbox.transport import KafkaPublisher, KafkaTransport, read_topic
+from tests.integration.inbox_support import Conn
+
+
+@contextmanager
+def running(app: App, config: Settings) -> Iterator[Runner]:
+    """A real group member with a real dead-letter publisher, in a thread."""
+    store = PostgresInboxStore(config.database_url, schema=config.schema, consumer=config.group_id)
+    store.open()
+    runner = Runner(app, config, KafkaTransport(config), store, publisher=KafkaPublisher(config))
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            runner.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name=f"runner-{config.group_id}", daemon=True)
+    thread.start()
+    try:
+        yield runner
+    finally:
+        runner.stop()
+        thread.join(60)
+        assert not thread.is_alive(), "runner did not stop"
+        assert not errors, errors
+
+
+def effect_app(
+    topic: str, schema: str, group: str, before: Callable[[Event], None] | None = None, **route: Any
+) -> App:
+    """One handler inserting an effect row per event; ``before(event)`` may raise or sleep."""
+    app = App(group_id=group, schema=schema)
+    insert = sql.SQL(
+        'INSERT INTO {}.effects (consumer, event_id, topic, partition, "offset", pid)'
+        " VALUES (%s, %s, %s, %s, %s, 0)"
+    ).format(sql.Identifier(schema))
+
+    @app.handler(topic, **route)
+    def apply(event: Event, tx: Any) -> None:
+        if before is not None:
+            before(event)
+        tx.execute(insert, (group, event.id, event.topic, event.partition, event.offset))
+
+    return app
+
+
+def statuses(db: Conn, schema: str, group: str) -> dict[str, tuple[str, str | None]]:
+    """``processed_events`` of ``group``: id -> (status, reason)."""
+    rows = db.execute(
+        sql.SQL(
+            "SELECT event_id, status, reason FROM {}.processed_events WHERE consumer = %s"
+        ).format(sql.Identifier(schema)),
+        (group,),
+    ).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def dead_letters(config: Settings, topic: str) -> list[Record]:
+    """Every record on the dead-letter ``topic``."""
+    return list(read_topic(config, topic, timeout=5))
+
+
+def header(record: Record, name: str) -> str | None:
+    for key, value in record.headers:
+        if key == name and value is not None:
+            return value.decode()
+    return None
