@@ -8,7 +8,7 @@ the last effect is committed in the database.
 - ``naive``: the article's design: per event, BEGIN; SELECT EXISTS in
   processed_events; INSERT it; the effect; COMMIT; commit the offset.
 - ``kinbox``: ``@handler`` per event: one transaction per partition batch, one
-  set-based claim, a savepoint per event.
+  set-based claim, the handlers one after another (no savepoint unless one fails).
 - ``kinbox batch``: ``@handler(batch=True)``: the same with one set-based
   effect statement per batch.
 """
@@ -28,10 +28,10 @@ from confluent_kafka.cimpl import NewTopic
 
 from kinbox import App, Event
 from kinbox.inbox_schema import INBOX
+from kinbox.kafka import KafkaTransport
 from kinbox.migrations import migrate
 from kinbox.runner import Runner
 from kinbox.store import PostgresInboxStore
-from kinbox.transport import KafkaTransport
 
 PARTITIONS = 3
 

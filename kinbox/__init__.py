@@ -2,22 +2,33 @@
 
 Register handlers with :func:`handler` (or :meth:`App.handler`), run them with
 ``kinbox worker module[:app]``; see the README for the guarantees.
+
+The names below load on first use (PEP 562), so importing one submodule —
+``kinbox.errors`` from ``producer_outbox``, say — does not drag in the
+consumer's modules, confluent-kafka or OpenTelemetry.
 """
 
-from kinbox.app import App, Route, default_app, handler
-from kinbox.config import Settings
-from kinbox.envelope import Record
-from kinbox.errors import (
-    ConfigurationError,
-    DeadLetter,
-    EnvelopeError,
-    KinboxError,
-    Retry,
-    SchemaError,
-    StoreError,
-    TransportError,
-)
-from kinbox.event import Event
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kinbox.app import App, Route, default_app, handler
+    from kinbox.config import Settings
+    from kinbox.envelope import Record
+    from kinbox.errors import (
+        ConfigurationError,
+        DeadLetter,
+        EnvelopeError,
+        KinboxError,
+        PayloadError,
+        Retry,
+        SchemaError,
+        ServiceError,
+        StoreError,
+        TransportError,
+    )
+    from kinbox.event import Event
+    from kinbox.middleware import Middleware
 
 __all__ = [
     "App",
@@ -26,13 +37,51 @@ __all__ = [
     "EnvelopeError",
     "Event",
     "KinboxError",
+    "Middleware",
+    "PayloadError",
     "Record",
     "Retry",
     "Route",
     "SchemaError",
+    "ServiceError",
     "Settings",
     "StoreError",
     "TransportError",
     "default_app",
     "handler",
 ]
+
+# Where each public name lives; __getattr__ imports it from there on first use.
+_SOURCES = {
+    "App": "kinbox.app",
+    "ConfigurationError": "kinbox.errors",
+    "DeadLetter": "kinbox.errors",
+    "EnvelopeError": "kinbox.errors",
+    "Event": "kinbox.event",
+    "KinboxError": "kinbox.errors",
+    "Middleware": "kinbox.middleware",
+    "PayloadError": "kinbox.errors",
+    "Record": "kinbox.envelope",
+    "Retry": "kinbox.errors",
+    "Route": "kinbox.app",
+    "SchemaError": "kinbox.errors",
+    "ServiceError": "kinbox.errors",
+    "Settings": "kinbox.config",
+    "StoreError": "kinbox.errors",
+    "TransportError": "kinbox.errors",
+    "default_app": "kinbox.app",
+    "handler": "kinbox.app",
+}
+
+
+def __getattr__(name: str) -> Any:
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module 'kinbox' has no attribute {name!r}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -9,14 +9,16 @@ production as a silently ignored handler.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kinbox.config import Settings
 from kinbox.errors import ConfigurationError
 from kinbox.event import Event
+from kinbox.middleware import Middleware
 from kinbox.names import topic_name
+from kinbox.telemetry import Telemetry
 
 EventHandler = Callable[[Event, Any], object]
 """``handler(event, tx)``: ``tx`` is the psycopg ``Connection``, inside the inbox transaction."""
@@ -52,21 +54,36 @@ class Route:
         return f"{module}.{getattr(self.fn, '__qualname__', repr(self.fn))}"
 
 
+def default_middleware() -> list[Middleware]:
+    """The middleware an :class:`App` gets unless told otherwise: telemetry."""
+    return [Telemetry()]
+
+
 class App:
-    """A set of handlers plus the app's own setting choices.
+    """A set of handlers and middleware, plus the app's own setting choices.
 
     Args:
         group_id: the Kafka consumer group, which is also the inbox's dedup
             scope: two apps with different group ids each apply an event once.
+        middleware: the layers around every partition batch, in order (see
+            :mod:`kinbox.middleware`); ``None`` means :func:`default_middleware`.
+            A list replaces the defaults; :meth:`add_middleware` appends.
         **settings: any other :class:`~kinbox.config.Settings` field
             (``schema``, ``id_headers``, ``batch_max_messages``, ...); flags
             and ``KINBOX_*`` env override them.
 
     Raises:
-        ConfigurationError: an unknown setting name.
+        ConfigurationError: an unknown setting name, or middleware that is
+            not a :class:`~kinbox.middleware.Middleware`.
     """
 
-    def __init__(self, group_id: str | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        group_id: str | None = None,
+        *,
+        middleware: Sequence[Middleware] | None = None,
+        **settings: Any,
+    ) -> None:
         unknown = set(settings) - _SETTING_NAMES
         if unknown:
             raise ConfigurationError(
@@ -76,6 +93,26 @@ class App:
             settings["group_id"] = group_id
         self._defaults = settings
         self._routes: dict[str, Route] = {}
+        self._middleware: list[Middleware] = []
+        for layer in default_middleware() if middleware is None else middleware:
+            self.add_middleware(layer)
+
+    @property
+    def middleware(self) -> tuple[Middleware, ...]:
+        """The middleware, in the order their ``before_*`` hooks run."""
+        return tuple(self._middleware)
+
+    def add_middleware(self, middleware: Middleware) -> None:
+        """Append ``middleware``: its ``before_*`` hooks run last, its ``after_*`` first.
+
+        Raises:
+            ConfigurationError: ``middleware`` is not a :class:`~kinbox.middleware.Middleware`.
+        """
+        if not isinstance(middleware, Middleware):
+            raise ConfigurationError(
+                f"{middleware!r} is not a kinbox Middleware (subclass kinbox.Middleware)"
+            )
+        self._middleware.append(middleware)
 
     @property
     def routes(self) -> Mapping[str, Route]:

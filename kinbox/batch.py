@@ -2,17 +2,20 @@
 
 ::
 
-    records ─► events   (a record without a valid id: dead-letter placeholder,
+    records ─► before_batch hooks
+            ─► events   (a record without a valid id: dead-letter placeholder,
                          derived id, or stop — the ``missing_id`` setting)
             ─► BEGIN
                claim ids: one INSERT … ON CONFLICT DO NOTHING RETURNING  (duplicates drop out)
-               for each fresh event, in offset order:
-                   SAVEPOINT → handler(event, tx) → RELEASE
-                   on a permanent failure: ROLLBACK TO SAVEPOINT, mark the row
-                   dead_lettered, queue the record for the dead-letter topic
+               run the handler over the fresh events, in offset order
+                   (optimistically, without savepoints: see :mod:`kinbox.dispatch`);
+                   on a permanent failure the batch is redone with a
+                   savepoint per event, the failed one marked dead_lettered
+                   and queued for the dead-letter topic
                flush the dead letters: every one acknowledged by the broker
                failpoint before_db_commit
             ─► COMMIT ─► failpoint after_db_commit
+            ─► after_dead_letter, after_batch hooks
             ─► the caller may now commit offset last + 1 to Kafka
 
 A *permanent* failure is a :class:`~kinbox.errors.DeadLetter` from the
@@ -22,7 +25,7 @@ back; the events before the failed one are then applied again in a new
 transaction and committed, and the partition stops at the failed event, so
 its next try is the first record of a batch and ``attempt`` counts exactly its
 tries. A database outage (also when seen inside a handler: see
-:func:`~kinbox.store.transient_cause`) or a dead letter the broker did not
+:func:`~kinbox.pgerrors.transient_cause`) or a dead letter the broker did not
 acknowledge rolls the whole batch back and never counts as a try.
 
 Ambiguous commit: when the connection is lost during COMMIT, kinbox cannot
@@ -40,27 +43,20 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kinbox import deadletter, telemetry
+from kinbox import deadletter
 from kinbox.app import Route
 from kinbox.deadletter import Letter
+from kinbox.dispatch import Abandoned, Dispatcher, HandlerFailed, Verdict
 from kinbox.envelope import Record, derived_event, to_event
-from kinbox.errors import DeadLetter, EnvelopeError, Retry, StoreError, TransportError
+from kinbox.errors import EnvelopeError, StoreError, TransportError
 from kinbox.event import Event
 from kinbox.failpoints import failpoint
+from kinbox.kafka import Publisher
+from kinbox.middleware import Chain, Middleware
 from kinbox.policy import Failure
-from kinbox.store import InboxStore, InboxTransaction, transient_cause
-from kinbox.transport import Publisher
+from kinbox.store import InboxStore
 
 log = logging.getLogger(__name__)
-
-
-class _HandlerFailed(Exception):
-    """A handler failed, not for the last time: carries it out of the transaction."""
-
-    def __init__(self, event: Event, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.event = event
-        self.cause = cause
 
 
 class _NoPublisher:
@@ -87,6 +83,7 @@ class BatchResult:
         applied: events whose handler committed.
         duplicates: deliveries the inbox suppressed.
         dead_lettered: records sent to a dead-letter topic and recorded so.
+        letters: those dead letters.
     """
 
     next_offset: int | None
@@ -94,6 +91,7 @@ class BatchResult:
     applied: int = 0
     duplicates: int = 0
     dead_lettered: int = 0
+    letters: tuple[Letter, ...] = ()
 
 
 class BatchProcessor:
@@ -107,6 +105,7 @@ class BatchProcessor:
         consumer: the consumer group, written into dead letters.
         max_attempts: tries before dead-lettering, unless the route sets its own.
         missing_id: ``dead-letter``, ``derive`` or ``fail``.
+        middleware: hooked around every batch (see :mod:`kinbox.middleware`).
     """
 
     def __init__(
@@ -119,14 +118,15 @@ class BatchProcessor:
         consumer: str = "",
         max_attempts: int = 5,
         missing_id: str = "dead-letter",
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         self._routes = routes
         self._store = store
         self._id_headers = tuple(id_headers)
         self._publisher: Publisher = publisher or _NoPublisher()
-        self._consumer = consumer
-        self._max_attempts = max_attempts
+        self._dispatcher = Dispatcher(consumer, max_attempts)
         self._missing_id = missing_id
+        self._chain = Chain(middleware)
 
     def process(self, records: Sequence[Record], attempt: int = 1) -> BatchResult:
         """Apply ``records`` (one partition, offset order); never raises for bad input.
@@ -136,9 +136,19 @@ class BatchProcessor:
             attempt: the try of the first record (1 = first); the others are on
                 their first try, because a failure always stops the partition
                 at the failed record.
+
+        Raises:
+            Exception: what a middleware's ``before_batch`` raised.
         """
-        first = records[0]
-        telemetry.received.add(len(records), {"topic": first.topic})
+        topic, partition = records[0].topic, records[0].partition
+        self._chain.before_batch(topic, partition, records)
+        result = self._process(records, attempt)
+        for letter in result.letters:
+            self._chain.after_dead_letter(letter)
+        self._chain.after_batch(topic, partition, records, result)
+        return result
+
+    def _process(self, records: Sequence[Record], attempt: int) -> BatchResult:
         events: list[Event] = []
         invalid: dict[int, EnvelopeError] = {}
         stop: Failure | None = None
@@ -163,8 +173,9 @@ class BatchProcessor:
         result = self._settle({r.offset: r for r in records}, events, invalid, attempt)
         if stop is not None and result.failure is None:
             result = BatchResult(
-                result.next_offset, stop, result.applied, result.duplicates, result.dead_lettered
-            )
+                result.next_offset, stop, result.applied, result.duplicates,
+                result.dead_lettered, result.letters,
+            )  # fmt: skip
         return result
 
     def _settle(
@@ -177,12 +188,18 @@ class BatchProcessor:
         """Commit as long a prefix of ``events`` as can be; say where it stopped."""
         todo = events
         stopped: Failure | None = None
+        # Permanent failures met so far: once there is one, every pass is careful.
+        verdicts: dict[int, Verdict] = {}
         while True:
             try:
-                applied, duplicates, dead = self._apply(records, todo, invalid, attempt)
-            except _HandlerFailed as exc:
+                applied, duplicates, letters = self._apply(
+                    records, todo, invalid, attempt, verdicts
+                )
+            except Abandoned as exc:
+                verdicts[exc.event.offset] = exc.verdict
+                continue
+            except HandlerFailed as exc:
                 event = exc.event
-                telemetry.failures.add(1, {"topic": event.topic})
                 stopped = Failure(
                     event.topic, event.partition, event.offset, event.attempt, exc.cause,
                     event=event,
@@ -196,10 +213,11 @@ class BatchProcessor:
                 continue
             except (StoreError, TransportError) as exc:
                 first = todo[0]
-                telemetry.failures.add(1, {"topic": first.topic})
                 failure = Failure(first.topic, first.partition, first.offset, attempt, exc)
                 return BatchResult(None, failure)
-            return BatchResult(todo[-1].offset + 1, stopped, applied, duplicates, dead)
+            return BatchResult(
+                todo[-1].offset + 1, stopped, applied, duplicates, len(letters), tuple(letters)
+            )
 
     def _apply(
         self,
@@ -207,14 +225,12 @@ class BatchProcessor:
         events: list[Event],
         invalid: Mapping[int, EnvelopeError],
         attempt: int,
-    ) -> tuple[int, int, int]:
-        first = events[0]
-        route = self._routes[first.topic]
+        verdicts: Mapping[int, Verdict],
+    ) -> tuple[int, int, list[Letter]]:
+        """One transaction: claim, handlers, dead letters, COMMIT; returns the counts."""
+        route = self._routes[events[0].topic]
         letters: list[Letter] = []
-        with (
-            telemetry.batch_span(first.topic, first.partition, first.offset, len(events)),
-            self._store.transaction() as tx,
-        ):
+        with self._store.transaction() as tx:
             reclaim = {e.id for e in events if deadletter.is_replay(e.headers)}
             fresh = tx.claim(events, reclaim)
             runnable = []
@@ -222,108 +238,20 @@ class BatchProcessor:
                 if event.offset in invalid:
                     error = invalid[event.offset]
                     letters.append(
-                        self._letter(route, records, event, deadletter.INVALID_ID, error)
+                        self._dispatcher.letter(route, records, event, deadletter.INVALID_ID, error)
                     )
                     tx.dead_letter(event, letters[-1].summary)
                 else:
                     runnable.append(event)
-            if route.batch:
-                self._run_batch(tx, route, records, runnable, attempt, letters)
-            else:
-                for event in runnable:
-                    self._run_one(tx, route, records, event, letters)
+            letters += self._dispatcher.run(tx, route, records, runnable, attempt, verdicts)
             if letters:
                 # The dead letters must be acknowledged before COMMIT records
                 # them as dead-lettered (and so before the offset can move):
                 # if the broker never gets them, the batch rolls back instead.
-                for letter in sorted(letters, key=lambda item: item.record.offset):
+                letters.sort(key=lambda item: item.record.offset)
+                for letter in letters:
                     deadletter.send(self._publisher, letter)
                 self._publisher.flush()
             failpoint("before_db_commit")
         failpoint("after_db_commit")
-        dead = len(letters)
-        applied = len(fresh) - dead
-        topic = {"topic": first.topic}
-        telemetry.applied.add(applied, topic)
-        telemetry.duplicates.add(len(events) - len(fresh), topic)
-        telemetry.dead_lettered.add(dead, topic)
-        return applied, len(events) - len(fresh), dead
-
-    def _run_one(
-        self,
-        tx: InboxTransaction,
-        route: Route,
-        records: Mapping[int, Record],
-        event: Event,
-        letters: list[Letter],
-    ) -> None:
-        try:
-            with tx.savepoint():
-                route.fn(event, tx.connection)
-        except Exception as exc:
-            reason = self._permanent(route, exc, event.attempt)
-            if reason is None:
-                raise _HandlerFailed(event, exc) from exc
-            letters.append(self._letter(route, records, event, reason, exc))
-            tx.dead_letter(event, letters[-1].summary)
-
-    def _run_batch(
-        self,
-        tx: InboxTransaction,
-        route: Route,
-        records: Mapping[int, Record],
-        events: list[Event],
-        attempt: int,
-        letters: list[Letter],
-    ) -> None:
-        if not events:
-            return
-        try:
-            with tx.savepoint():
-                route.fn(events, tx.connection)
-            return
-        except Exception as exc:
-            if self._permanent(route, exc, attempt) is None:
-                raise _HandlerFailed(events[0], exc) from exc
-        # Last try: the handler cannot say which event is the poison, so hand
-        # it the events one at a time and dead-letter those that still fail.
-        for event in events:
-            try:
-                with tx.savepoint():
-                    route.fn([event], tx.connection)
-            except Exception as exc:
-                reason = self._permanent(route, exc, max(attempt, self._limit(route)))
-                assert reason is not None
-                letters.append(self._letter(route, records, event, reason, exc))
-                tx.dead_letter(event, letters[-1].summary)
-
-    def _limit(self, route: Route) -> int:
-        return route.max_attempts or self._max_attempts
-
-    def _permanent(self, route: Route, exc: Exception, attempt: int) -> str | None:
-        """The dead-letter reason if ``exc`` gives the event up, else ``None``.
-
-        Raises:
-            StoreError: ``exc`` comes from a database outage (re-raised as such).
-        """
-        if isinstance(exc, DeadLetter):
-            return f"{deadletter.REQUESTED}: {exc.reason}"
-        outage = transient_cause(exc)
-        if outage is not None:
-            raise outage from exc
-        if attempt < self._limit(route):
-            return None
-        return deadletter.RETRIES_EXHAUSTED if isinstance(exc, Retry) else deadletter.HANDLER_ERROR
-
-    def _letter(
-        self,
-        route: Route,
-        records: Mapping[int, Record],
-        event: Event,
-        reason: str,
-        error: BaseException,
-    ) -> Letter:
-        attempts = 0 if reason == deadletter.INVALID_ID else event.attempt
-        return Letter(
-            records[event.offset], route.dlq_topic, self._consumer, reason, error, attempts
-        )
+        return len(fresh) - len(letters), len(events) - len(fresh), letters

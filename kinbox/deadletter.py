@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kinbox.envelope import Record
-from kinbox.transport import Publisher
+from kinbox.kafka import Publisher
 
 log = logging.getLogger(__name__)
 

@@ -1,21 +1,26 @@
-"""The one error tree of kinbox.
+"""The one error tree of kinbox and producer_outbox.
 
 ::
 
     KinboxError
     ├── ConfigurationError(KinboxError, ValueError)   bad settings, duplicate handler
     ├── EnvelopeError                                  bad/missing event id, undecodable payload
+    ├── PayloadError(KinboxError, TypeError)           outbox payload/header not serialisable
     ├── StoreError                                     from psycopg errors; .transient
     │   └── SchemaError                                kinbox tables missing or too old
     ├── TransportError                                 from KafkaException; .retriable
     ├── ServiceError                                   a local dev service failed to start
+    ├── FailpointError                                 a crash test's ``raise`` failpoint fired
+    │                                                  (in producer_outbox.failpoints: test only)
     └── (control flow, never logged as errors)
         ├── Retry(delay)                               a handler asks to be tried again later
         └── DeadLetter(reason)                         a handler gives the event up
 
-Library exceptions are translated at the seam where they enter (``store`` for
-psycopg, ``transport`` for confluent-kafka) to the most specific class here,
-with ``raise ... from exc`` so the cause stays visible.
+Library exceptions are translated at the seam where they enter
+(:mod:`kinbox.store` for psycopg, :mod:`kinbox.kafka` for confluent-kafka) to
+the most specific class here, with ``raise ... from exc`` so the cause stays
+visible. This module imports nothing of kinbox, so ``producer_outbox`` can use
+it without loading the consumer.
 """
 
 from __future__ import annotations
@@ -53,6 +58,10 @@ class EnvelopeError(KinboxError):
         self.topic = topic
         self.partition = partition
         self.offset = offset
+
+
+class PayloadError(KinboxError, TypeError):
+    """The payload (or a header) cannot be serialised for the outbox."""
 
 
 class StoreError(KinboxError):

@@ -61,7 +61,7 @@ def replay(
     ignores it, and replaying the same dead letter again applies nothing more.
     Fix the handler (or the data) and deploy it before replaying.
     """
-    from kinbox.transport import KafkaPublisher, read_topic
+    from kinbox.kafka import KafkaPublisher, read_topic
 
     flags: dict[str, Any] = {
         "bootstrap_servers": bootstrap_servers,

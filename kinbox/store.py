@@ -3,8 +3,8 @@
 :class:`InboxStore` is the seam the runner depends on (a fake implements it
 in the unit tests); :class:`PostgresInboxStore` is the real one, on a
 ``psycopg_pool`` pool. Every psycopg error leaving this module is translated
-to :class:`~kinbox.errors.StoreError` with ``transient`` set when trying
-again may succeed.
+(:mod:`kinbox.pgerrors`) to :class:`~kinbox.errors.StoreError` with
+``transient`` set when trying again may succeed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
 import psycopg
-from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
@@ -23,18 +22,7 @@ from kinbox.errors import SchemaError, StoreError
 from kinbox.event import Event
 from kinbox.inbox_schema import INBOX
 from kinbox.names import sql_identifier
-
-_TRANSIENT: tuple[type[Exception], ...] = (
-    # Connection refused/lost, server restart (AdminShutdown), lock/statement
-    # timeouts, too many connections: all OperationalError in psycopg.
-    psycopg.OperationalError,
-    # Serialization failure and deadlock are TransactionRollback (also an
-    # OperationalError); listed for the reader: the server asks for a retry.
-    pg_errors.SerializationFailure,
-    pg_errors.DeadlockDetected,
-    # "the connection is closed": the pool replaces it on the next checkout.
-    psycopg.InterfaceError,
-)
+from kinbox.pgerrors import translate
 
 
 class InboxTransaction(Protocol):
@@ -60,6 +48,17 @@ class InboxTransaction(Protocol):
     def savepoint(self) -> AbstractContextManager[None]:
         """A nested transaction: an exception inside rolls back only its work."""
 
+    def unguarded(self) -> AbstractContextManager[None]:
+        """Handler code without a savepoint: cheaper, but a failure spoils the transaction.
+
+        Database errors inside are translated as in :meth:`savepoint`.
+
+        Raises:
+            StoreError: also when the block ends normally but left the
+                transaction aborted (a handler swallowed a database error),
+                so the failure is blamed on that handler, never on a later one.
+        """
+
 
 class InboxStore(Protocol):
     """Where the inbox keeps ``processed_events``."""
@@ -73,48 +72,6 @@ class InboxStore(Protocol):
 
     def close(self) -> None:
         """Release connections."""
-
-
-def translate(exc: BaseException) -> StoreError:
-    """Return the :class:`StoreError` for a psycopg (or pool) exception."""
-    return StoreError(f"{type(exc).__name__}: {exc}".strip(), transient=isinstance(exc, _TRANSIENT))
-
-
-def transient_cause(exc: BaseException) -> StoreError | None:
-    """Return a transient :class:`StoreError` if ``exc`` comes from the database going away.
-
-    A handler works on the raw psycopg connection, so a server restart or a
-    killed backend surfaces as whatever the handler raises, usually the
-    psycopg error itself or an error chained to it. Such a failure says
-    nothing about the event: it must be retried without counting towards the
-    event's ``max_attempts``, never dead-lettered.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, StoreError):
-            return current if current.transient else None
-        if isinstance(current, psycopg.Error) and _outage(current):
-            return translate(current)
-        current = current.__cause__ or current.__context__
-    return None
-
-
-# SQLSTATEs that say "the database, not this event": connection exceptions
-# (class 08), shutdown/crash (57P01-3), too many connections, and the
-# serialization failures the server asks us to retry. A statement timeout or a
-# lock timeout is left out on purpose: a poison event can cause those every time.
-_OUTAGE_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "40001", "40P01"})
-
-
-def _outage(exc: psycopg.Error) -> bool:
-    if isinstance(exc, psycopg.InterfaceError):
-        return True
-    if not isinstance(exc, psycopg.OperationalError):
-        return False
-    state = exc.sqlstate
-    return state is None or state.startswith("08") or state in _OUTAGE_STATES
 
 
 def first_occurrences(events: Sequence[Event]) -> list[Event]:
@@ -268,6 +225,22 @@ class _PostgresTransaction:
                 yield
         except psycopg.Error as exc:
             raise translate(exc) from exc
+
+    @contextmanager
+    def unguarded(self) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+        # libpq tracks the status locally: no round trip. A savepoint's
+        # RELEASE would fail here; without one, the next handler's first
+        # statement would, and take the blame.
+        if self._conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            raise StoreError(
+                "InFailedSqlTransaction: the handler returned normally but left the "
+                "transaction aborted (did it catch a database error and carry on?)",
+                transient=False,
+            )
 
 
 def apply_migrations(

@@ -1,15 +1,24 @@
-"""OpenTelemetry instruments: a span per partition batch and a few counters.
+"""OpenTelemetry as a middleware: a span per partition batch and a few counters.
 
 Only the API is used, so without an SDK configured by the application these
-are no-ops that cost next to nothing.
+are no-ops that cost next to nothing. :class:`Telemetry` is installed on
+every :class:`~kinbox.app.App` unless ``App(middleware=[...])`` leaves it out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextvars import Token
+from typing import TYPE_CHECKING
 
-from opentelemetry import metrics, trace
+from opentelemetry import context, metrics, trace
+from opentelemetry.context import Context
+
+from kinbox.middleware import Middleware
+
+if TYPE_CHECKING:
+    from kinbox.batch import BatchResult
+    from kinbox.envelope import Record
 
 _tracer = trace.get_tracer("kinbox")
 _meter = metrics.get_meter("kinbox")
@@ -23,22 +32,53 @@ dead_lettered = _meter.create_counter(
     "kinbox.events.dead_lettered", description="records sent to a dead-letter topic"
 )
 failures = _meter.create_counter(
-    "kinbox.batches.failed", description="partition batches rolled back"
+    "kinbox.batches.failed", description="partition batches that stopped at a failure"
 )
 
 
-@contextmanager
-def batch_span(topic: str, partition: int, first_offset: int, size: int) -> Iterator[trace.Span]:
-    """Trace one partition batch (claim, handlers, commit)."""
-    with _tracer.start_as_current_span(
-        "kinbox.batch",
-        kind=trace.SpanKind.CONSUMER,
-        attributes={
-            "messaging.system": "kafka",
-            "messaging.destination.name": topic,
-            "messaging.destination.partition.id": str(partition),
-            "messaging.kafka.offset": first_offset,
-            "messaging.batch.message_count": size,
-        },
-    ) as span:
-        yield span
+class Telemetry(Middleware):
+    """Traces each partition batch (claim, handlers, commit) and counts its outcome.
+
+    The span is current while the batch runs, so spans a handler starts are
+    its children.
+    """
+
+    def __init__(self) -> None:
+        # Batches of one partition never overlap, so the partition is a key.
+        self._open: dict[tuple[str, int], tuple[trace.Span, Token[Context]]] = {}
+
+    def before_batch(self, topic: str, partition: int, records: Sequence[Record]) -> None:
+        """Start the batch's span and count the records received."""
+        received.add(len(records), {"topic": topic})
+        span = _tracer.start_span(
+            "kinbox.batch",
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "kafka",
+                "messaging.destination.name": topic,
+                "messaging.destination.partition.id": str(partition),
+                "messaging.kafka.offset": records[0].offset,
+                "messaging.batch.message_count": len(records),
+            },
+        )
+        token = context.attach(trace.set_span_in_context(span))
+        self._open[(topic, partition)] = (span, token)
+
+    def after_batch(
+        self, topic: str, partition: int, records: Sequence[Record], result: BatchResult
+    ) -> None:
+        """Count the outcome and end the span (an error status when the batch stopped)."""
+        labels = {"topic": topic}
+        applied.add(result.applied, labels)
+        duplicates.add(result.duplicates, labels)
+        dead_lettered.add(result.dead_lettered, labels)
+        opened = self._open.pop((topic, partition), None)
+        if result.failure is not None:
+            failures.add(1, labels)
+        if opened is None:
+            return
+        span, token = opened
+        context.detach(token)
+        if result.failure is not None:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, str(result.failure.error)))
+        span.end()

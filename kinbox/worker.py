@@ -23,9 +23,9 @@ from typing import Any
 from kinbox.app import App, default_app
 from kinbox.config import Settings
 from kinbox.errors import ConfigurationError
+from kinbox.kafka import KafkaPublisher, KafkaTransport
 from kinbox.runner import Runner
 from kinbox.store import PostgresInboxStore
-from kinbox.transport import KafkaPublisher, KafkaTransport
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from kinbox.errors import ConfigurationError, KinboxError, StoreError
+from kinbox.errors import ConfigurationError, PayloadError, StoreError
 from kinbox.names import sql_identifier, topic_name
 from producer_outbox.schema import notify_channel
 
@@ -29,10 +29,6 @@ RESERVED_HEADERS = frozenset({"event-id", "ce_id", "ce_type", "ce_source", "ce_s
 _MAX_KEY_BYTES = 1024
 # json.dumps writes U+0000 as the escape \u0000 (after an even number of backslashes).
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
-class PayloadError(KinboxError, TypeError):
-    """The payload (or a header) cannot be serialised for the outbox."""
 
 
 def encode_payload(payload: object) -> tuple[Jsonb | None, bytes | None]:

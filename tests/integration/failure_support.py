@@ -13,9 +13,9 @@ from kinbox.app import App
 from kinbox.config import Settings
 from kinbox.envelope import Record
 from kinbox.event import Event
+from kinbox.kafka import KafkaPublisher, KafkaTransport, read_topic
 from kinbox.runner import Runner
 from kinbox.store import PostgresInboxStore
-from kinbox.transport import KafkaPublisher, KafkaTransport, read_topic
 from tests.integration.inbox_support import Conn
 
 

@@ -9,8 +9,8 @@ from typing import Any
 from kinbox.envelope import Record
 from kinbox.errors import StoreError, TransportError
 from kinbox.event import Event
+from kinbox.kafka import Partition, RebalanceListener
 from kinbox.store import first_occurrences
-from kinbox.transport import Partition, RebalanceListener
 
 
 class FakeConn:
@@ -45,12 +45,18 @@ class _FakeTx:
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
+        self._store.savepoints += 1
         mark = len(self._store.effects)
         try:
             yield
         except BaseException:
             del self._store.effects[mark:]
             raise
+
+    @contextmanager
+    def unguarded(self) -> Iterator[None]:
+        # Nothing to undo here: a failure rolls the whole transaction back.
+        yield
 
 
 class FakeStore:
@@ -62,6 +68,7 @@ class FakeStore:
         self.reasons: dict[str, str] = {}
         self.effects: list[Any] = []
         self.commits = 0
+        self.savepoints = 0
         self.fail_claims = 0
         # Ambiguous commits: the transaction commits, then the "connection" is lost.
         self.lose_after_commit = 0

@@ -279,7 +279,7 @@ def test_backoff_grows_with_consecutive_outages() -> None:
     h.run(turns=0)
     for _ in range(4):
         h.runner.turn()
-        delays.append(h.runner._paused_until[(T, 0)] - h.clock.now)
+        delays.append(h.runner._backoff.paused[(T, 0)] - h.clock.now)
         h.clock.now += 1000
     assert delays[0] < 2 < 4 < delays[3]
 
@@ -413,7 +413,7 @@ class SlowHarness(Harness):
 
 @pytest.fixture
 def quick_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("kinbox.runner.HOLD_AFTER", 0.05)
+    monkeypatch.setattr("kinbox.inflight.HOLD_AFTER", 0.05)
 
 
 @pytest.mark.usefixtures("quick_hold")

@@ -1,0 +1,108 @@
+"""Partitions that failed: their tries at the failed offset, their pause, their resume.
+
+A failure the batch processor hands back is one to retry (permanent failures
+were dead-lettered inside the transaction). The partition is paused and
+rewound to the failed offset, and resumed after the :class:`FailurePolicy`'s
+delay; the loop keeps polling meanwhile, so the member stays in the group and
+the other partitions keep flowing. Only handler failures count towards
+``max_attempts``; every failure, an outage included, lengthens the backoff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+
+from kinbox.errors import EnvelopeError
+from kinbox.kafka import Partition, Transport
+from kinbox.policy import Failure, FailurePolicy
+
+log = logging.getLogger(__name__)
+
+
+class Backoff:
+    """Failure state per partition.
+
+    Args:
+        transport: the consumer, to pause, rewind and resume partitions.
+        policy: decides how long a failed partition waits.
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self, transport: Transport, policy: FailurePolicy, clock: Callable[[], float]
+    ) -> None:
+        self._transport = transport
+        self._policy = policy
+        self._clock = clock
+        self.paused: dict[Partition, float] = {}
+        """Partitions backing off, and when to resume them."""
+        # Failures at an offset: (offset, handler tries so far, failures of any kind).
+        self._failures: dict[Partition, tuple[int, int, int]] = {}
+
+    def attempt(self, tp: Partition, first_offset: int) -> int:
+        """The try of a batch of ``tp`` starting at ``first_offset`` (1 unless it failed there)."""
+        failed_at, tries, _ = self._failures.get(tp, (-1, 0, 0))
+        return tries + 1 if first_offset == failed_at else 1
+
+    def advanced(self, tp: Partition, next_offset: int) -> None:
+        """``tp`` committed up to ``next_offset``: a failure below it is over."""
+        if next_offset > self._failures.get(tp, (-1, 0, 0))[0]:
+            self._failures.pop(tp, None)
+
+    def forget(self, tp: Partition) -> None:
+        """Drop ``tp``'s state (assigned afresh, revoked or lost)."""
+        self.paused.pop(tp, None)
+        self._failures.pop(tp, None)
+
+    def fail(self, tp: Partition, failure: Failure) -> None:
+        """Pause ``tp``, rewind it to the failed offset and schedule its resume.
+
+        Raises:
+            EnvelopeError: a record without a valid id under ``missing_id=fail``:
+                the worker stops; offsets are committed up to that record.
+        """
+        where = f"{failure.topic}[{failure.partition}]@{failure.offset}"
+        if failure.kind == "envelope":
+            raise EnvelopeError(
+                f"missing_id=fail: {failure.error}; stopping the worker. Offsets are "
+                f"committed up to {where}, so a restart meets this record again: fix it, or "
+                "run with missing_id=dead-letter",
+                topic=failure.topic,
+                partition=failure.partition,
+                offset=failure.offset,
+            ) from failure.error
+        offset, tries, streak = self._failures.get(tp, (-1, 0, 0))
+        if offset != failure.offset:
+            tries, streak = 0, 0
+        if failure.kind == "handler":
+            tries = failure.attempt
+        streak += 1
+        self._failures[tp] = (failure.offset, tries, streak)
+        decision = self._policy.decide(dataclasses.replace(failure, streak=streak))
+        if failure.event is not None:
+            where += f" (event {failure.event.id!r})"
+        log.error(
+            "%s failure at %s, attempt %d: %s: %s; rolled back, retrying in %.2fs; "
+            "the offset is not committed past it",
+            failure.kind,
+            where,
+            failure.attempt,
+            type(failure.error).__name__,
+            failure.error,
+            decision.delay,
+            exc_info=failure.error if failure.kind == "handler" and failure.attempt == 1 else None,
+        )
+        self._transport.pause([tp])
+        self._transport.seek(tp, failure.offset)
+        self.paused[tp] = self._clock() + decision.delay
+
+    def resume_due(self) -> None:
+        """Resume the partitions whose delay is over."""
+        now = self._clock()
+        due = [tp for tp, until in self.paused.items() if until <= now]
+        if due:
+            for tp in due:
+                del self.paused[tp]
+            self._transport.resume(due)

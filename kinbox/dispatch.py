@@ -1,0 +1,211 @@
+"""Running a route's handler over the fresh events of one inbox transaction.
+
+Per-event handlers run *optimistically* first: one after another with no
+savepoint, so a fresh event costs only its handler's own statements. If a
+handler raises, the pass stops and the caller rolls the whole transaction
+back; what happens next is decided from that exception exactly as it was
+when every event had a savepoint:
+
+- a database outage (:func:`~kinbox.pgerrors.transient_cause`): the batch fails
+  as a whole and the try is not counted;
+- a failure to retry (not the event's last try): the partition stops at the
+  event (:class:`HandlerFailed`) and the events before it are applied again;
+- a permanent failure (:class:`~kinbox.errors.DeadLetter`, or the last try):
+  the :class:`Verdict` is kept and the transaction redone *carefully*, with a
+  savepoint per event, so the event is dead-lettered without its handler
+  running again and a later poison event is isolated on its own.
+
+So a handler may run again for an event whose earlier run was rolled back
+(as it already did for the events before a retried one). Its database work
+went with the rollback, so the effect still commits once; work outside the
+database (an HTTP call) is not rolled back and must be idempotent, as for
+any retry.
+
+Batch handlers (``batch=True``) run under one savepoint per batch; on the
+last try the handler cannot say which event is the poison, so it is handed
+the events one at a time and those that still fail are dead-lettered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kinbox import deadletter
+from kinbox.app import Route
+from kinbox.deadletter import Letter
+from kinbox.envelope import Record
+from kinbox.errors import DeadLetter, Retry
+from kinbox.event import Event
+from kinbox.pgerrors import transient_cause
+from kinbox.store import InboxTransaction
+
+
+class HandlerFailed(Exception):
+    """A handler failed, not for the last time: carries it out of the transaction."""
+
+    def __init__(self, event: Event, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.event = event
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A permanent failure seen in an abandoned pass: why, and what was raised."""
+
+    reason: str
+    error: BaseException
+
+
+class Abandoned(Exception):
+    """An optimistic pass met a permanent failure: roll back, redo carefully."""
+
+    def __init__(self, event: Event, verdict: Verdict) -> None:
+        super().__init__(verdict.reason)
+        self.event = event
+        self.verdict = verdict
+
+
+class Dispatcher:
+    """Calls handlers and decides what their exceptions mean.
+
+    Args:
+        consumer: the consumer group, written into dead letters.
+        max_attempts: tries before dead-lettering, unless the route sets its own.
+    """
+
+    def __init__(self, consumer: str, max_attempts: int) -> None:
+        self._consumer = consumer
+        self._max_attempts = max_attempts
+
+    def run(
+        self,
+        tx: InboxTransaction,
+        route: Route,
+        records: Mapping[int, Record],
+        events: list[Event],
+        attempt: int,
+        verdicts: Mapping[int, Verdict],
+    ) -> list[Letter]:
+        """Run ``route``'s handler over ``events`` in ``tx``; return the dead letters to send.
+
+        Args:
+            tx: the open inbox transaction.
+            route: the topic's handler.
+            records: the batch's records by offset, for dead letters.
+            events: the fresh events to run, in offset order.
+            attempt: the try of the batch's first record.
+            verdicts: permanent failures by offset, from abandoned passes;
+                none means an optimistic pass, any means a careful one.
+
+        Raises:
+            HandlerFailed: a handler failed and the event will be tried again.
+            Abandoned: an optimistic pass met a permanent failure.
+            StoreError: the database went away (also when seen by a handler).
+        """
+        letters: list[Letter] = []
+        if route.batch:
+            self._run_batch(tx, route, records, events, attempt, letters)
+        elif verdicts:
+            for event in events:
+                self._run_careful(tx, route, records, event, verdicts, letters)
+        else:
+            for event in events:
+                self._run_optimistic(tx, route, event)
+        return letters
+
+    def letter(
+        self,
+        route: Route,
+        records: Mapping[int, Record],
+        event: Event,
+        reason: str,
+        error: BaseException,
+    ) -> Letter:
+        """The dead letter of ``event``, given up for ``reason``."""
+        attempts = 0 if reason == deadletter.INVALID_ID else event.attempt
+        return Letter(
+            records[event.offset], route.dlq_topic, self._consumer, reason, error, attempts
+        )
+
+    def _run_optimistic(self, tx: InboxTransaction, route: Route, event: Event) -> None:
+        try:
+            with tx.unguarded():
+                route.fn(event, tx.connection)
+        except Exception as exc:
+            reason = self._permanent(route, exc, event.attempt)
+            if reason is None:
+                raise HandlerFailed(event, exc) from exc
+            raise Abandoned(event, Verdict(reason, exc)) from exc
+
+    def _run_careful(
+        self,
+        tx: InboxTransaction,
+        route: Route,
+        records: Mapping[int, Record],
+        event: Event,
+        verdicts: Mapping[int, Verdict],
+        letters: list[Letter],
+    ) -> None:
+        verdict = verdicts.get(event.offset)
+        if verdict is None:
+            try:
+                with tx.savepoint():
+                    route.fn(event, tx.connection)
+                return
+            except Exception as exc:
+                reason = self._permanent(route, exc, event.attempt)
+                if reason is None:
+                    raise HandlerFailed(event, exc) from exc
+                verdict = Verdict(reason, exc)
+        letters.append(self.letter(route, records, event, verdict.reason, verdict.error))
+        tx.dead_letter(event, letters[-1].summary)
+
+    def _run_batch(
+        self,
+        tx: InboxTransaction,
+        route: Route,
+        records: Mapping[int, Record],
+        events: list[Event],
+        attempt: int,
+        letters: list[Letter],
+    ) -> None:
+        if not events:
+            return
+        try:
+            with tx.savepoint():
+                route.fn(events, tx.connection)
+            return
+        except Exception as exc:
+            if self._permanent(route, exc, attempt) is None:
+                raise HandlerFailed(events[0], exc) from exc
+        # Last try: the handler cannot say which event is the poison, so hand
+        # it the events one at a time and dead-letter those that still fail.
+        for event in events:
+            try:
+                with tx.savepoint():
+                    route.fn([event], tx.connection)
+            except Exception as exc:
+                reason = self._permanent(route, exc, max(attempt, self._limit(route)))
+                assert reason is not None
+                letters.append(self.letter(route, records, event, reason, exc))
+                tx.dead_letter(event, letters[-1].summary)
+
+    def _limit(self, route: Route) -> int:
+        return route.max_attempts or self._max_attempts
+
+    def _permanent(self, route: Route, exc: Exception, attempt: int) -> str | None:
+        """The dead-letter reason if ``exc`` gives the event up, else ``None``.
+
+        Raises:
+            StoreError: ``exc`` comes from a database outage (re-raised as such).
+        """
+        if isinstance(exc, DeadLetter):
+            return f"{deadletter.REQUESTED}: {exc.reason}"
+        outage = transient_cause(exc)
+        if outage is not None:
+            raise outage from exc
+        if attempt < self._limit(route):
+            return None
+        return deadletter.RETRIES_EXHAUSTED if isinstance(exc, Retry) else deadletter.HANDLER_ERROR

@@ -1,0 +1,220 @@
+"""The consuming side of the Kafka seam: :class:`Transport` and :class:`KafkaTransport`.
+
+:class:`Transport` is what the runner depends on (a fake implements it in the
+unit tests); :class:`KafkaTransport` is the real one, on a confluent-kafka
+``Consumer``.
+
+Offsets: ``enable.auto.commit=false`` and ``enable.auto.offset.store=false``.
+kinbox commits synchronously, and only offsets whose events are committed in
+PostgreSQL; nothing in librdkafka commits on its own (auto-commit would also
+commit on revoke, including partitions whose batch was rolled back).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, cast
+
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from kinbox.config import Settings
+from kinbox.envelope import Record
+from kinbox.errors import TransportError
+from kinbox.kafka.errors import translate
+
+log = logging.getLogger(__name__)
+
+Partition = tuple[str, int]
+"""A (topic, partition) pair."""
+
+
+class RebalanceListener(Protocol):
+    """Told about assignment changes, from inside :meth:`Transport.poll`."""
+
+    def on_assigned(self, partitions: list[Partition]) -> None:
+        """Partitions were added to this member."""
+
+    def on_revoked(self, partitions: list[Partition]) -> None:
+        """Partitions are about to go: the last chance to commit their offsets."""
+
+    def on_lost(self, partitions: list[Partition]) -> None:
+        """Partitions were taken away already: commit nothing for them."""
+
+
+class Transport(Protocol):
+    """What the runner needs from Kafka."""
+
+    def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
+        """Join the group for ``topics``; ``listener`` hears about rebalances."""
+
+    def poll(self, max_messages: int, timeout: float) -> list[Record]:
+        """Return up to ``max_messages`` records, waiting at most ``timeout`` seconds."""
+
+    def commit(self, offsets: Mapping[Partition, int]) -> None:
+        """Commit ``offsets`` (next offset to read) synchronously.
+
+        Raises:
+            TransportError: ``retriable`` is false when the broker rejected the
+                commit because the group moved on.
+        """
+
+    def pause(self, partitions: Sequence[Partition]) -> None:
+        """Stop fetching ``partitions`` (the member stays in the group)."""
+
+    def resume(self, partitions: Sequence[Partition]) -> None:
+        """Fetch ``partitions`` again."""
+
+    def seek(self, partition: Partition, offset: int) -> None:
+        """Read ``partition`` from ``offset`` next."""
+
+    def close(self) -> None:
+        """Leave the group (revoke callbacks run) and release the client."""
+
+
+def consumer_config(settings: Settings) -> dict[str, Any]:
+    """Return the librdkafka configuration for ``settings``; ``-X`` overrides win."""
+    overrides = dict(settings.kafka_overrides)
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "group.id": settings.group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        # A new group must not skip events published before it first joined.
+        "auto.offset.reset": "earliest",
+        "max.poll.interval.ms": int(settings.max_poll_interval * 1000),
+        "logger": logging.getLogger("kinbox.kafka"),
+    }
+    if overrides.get("group.protocol", "classic") == "classic":
+        # Under KIP-848 (group.protocol=consumer) the broker owns these two
+        # and librdkafka refuses them.
+        config["session.timeout.ms"] = int(settings.session_timeout * 1000)
+        # Cooperative: a rebalance moves only the partitions that change
+        # owner, so the others keep flowing.
+        config["partition.assignment.strategy"] = "cooperative-sticky"
+    config.update(overrides)
+    return config
+
+
+class KafkaTransport:
+    """:class:`Transport` on a confluent-kafka ``Consumer``."""
+
+    def __init__(self, settings: Settings) -> None:
+        try:
+            self._consumer = Consumer(consumer_config(settings))
+        except KafkaException as exc:
+            raise translate("creating the consumer", exc) from exc
+
+    def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
+        """See :meth:`Transport.subscribe`.
+
+        The binding calls ``assign``/``incremental_assign`` (or the unassign
+        pair) itself after each callback, choosing by the rebalance protocol
+        in force (eager, cooperative or KIP-848). Python has no
+        ``rebalance_protocol()`` to choose with here, so kinbox leaves that call
+        to the binding and only does its offset bookkeeping in the callbacks.
+        """
+
+        def assigned(_: Consumer, parts: list[TopicPartition]) -> None:
+            listener.on_assigned(_pairs(parts))
+
+        def revoked(_: Consumer, parts: list[TopicPartition]) -> None:
+            listener.on_revoked(_pairs(parts))
+
+        def lost(_: Consumer, parts: list[TopicPartition]) -> None:
+            listener.on_lost(_pairs(parts))
+
+        try:
+            self._consumer.subscribe(
+                list(topics), on_assign=assigned, on_revoke=revoked, on_lost=lost
+            )
+        except KafkaException as exc:
+            raise translate(f"subscribing to {list(topics)!r}", exc) from exc
+
+    def poll(self, max_messages: int, timeout: float) -> list[Record]:
+        """See :meth:`Transport.poll`; error events are logged, fatal ones raised."""
+        try:
+            messages = self._consumer.consume(max_messages, timeout)
+        except KafkaException as exc:
+            raise translate("consuming", exc) from exc
+        records = []
+        for msg in messages:
+            err = msg.error()
+            if err is None:
+                records.append(to_record(msg))
+            elif err.fatal():
+                raise TransportError(f"fatal consumer error: {err.str()}", retriable=False)
+            elif err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error (librdkafka retries): %s", err.str())
+        return records
+
+    def commit(self, offsets: Mapping[Partition, int]) -> None:
+        """See :meth:`Transport.commit`."""
+        if not offsets:
+            return
+        parts = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        try:
+            result = self._consumer.commit(offsets=parts, asynchronous=False)
+        except KafkaException as exc:
+            if exc.args and exc.args[0].code() == KafkaError._NO_OFFSET:
+                return
+            raise translate(f"committing {dict(offsets)}", exc) from exc
+        for part in result:
+            if part.error is not None:
+                raise translate(
+                    f"committing {part.topic}[{part.partition}]@{part.offset}",
+                    KafkaException(part.error),
+                )
+
+    def pause(self, partitions: Sequence[Partition]) -> None:
+        """See :meth:`Transport.pause`."""
+        self._call("pausing", self._consumer.pause, partitions)
+
+    def resume(self, partitions: Sequence[Partition]) -> None:
+        """See :meth:`Transport.resume`."""
+        self._call("resuming", self._consumer.resume, partitions)
+
+    def seek(self, partition: Partition, offset: int) -> None:
+        """See :meth:`Transport.seek`."""
+        try:
+            self._consumer.seek(TopicPartition(partition[0], partition[1], offset))
+        except KafkaException as exc:
+            raise translate(f"seeking {partition}@{offset}", exc) from exc
+
+    def close(self) -> None:
+        """See :meth:`Transport.close`."""
+        try:
+            self._consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("closing the consumer failed: %s", exc)
+
+    def _call(self, what: str, method: Any, partitions: Sequence[Partition]) -> None:
+        try:
+            method([TopicPartition(t, p) for t, p in partitions])
+        except KafkaException as exc:
+            raise translate(f"{what} {list(partitions)}", exc) from exc
+
+
+def to_record(msg: Message) -> Record:
+    """Copy a consumed ``Message`` into a plain :class:`~kinbox.envelope.Record`."""
+    ts_type, ts = msg.timestamp()
+    return Record(
+        topic=cast(str, msg.topic()),
+        partition=cast(int, msg.partition()),
+        offset=cast(int, msg.offset()),
+        key=msg.key(),
+        value=msg.value(),
+        headers=cast("list[tuple[str, bytes | None]]", msg.headers() or []),
+        timestamp=None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
+    )
+
+
+def _pairs(parts: list[TopicPartition]) -> list[Partition]:
+    return [(p.topic, p.partition) for p in parts]

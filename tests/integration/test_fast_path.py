@@ -1,0 +1,56 @@
+"""The optimistic per-event path against the real server (no broker needed)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from kinbox.app import App
+from kinbox.batch import BatchProcessor
+from kinbox.devstack.stack import Stack
+from kinbox.event import Event
+from kinbox.store import PostgresInboxStore
+from tests.integration.inbox_support import Conn, effects, prepare_schema
+from tests.unit.fakes import FakePublisher, record
+
+
+def test_a_handler_that_swallows_a_database_error_is_blamed_for_it(
+    stack: Stack, schema: str, db: Conn
+) -> None:
+    # Given a handler that catches a database error and returns as if all was well
+    prepare_schema(stack.database_url, schema)
+    insert = sql.SQL(
+        'INSERT INTO {}.effects (consumer, event_id, topic, partition, "offset", pid)'
+        " VALUES ('g', %s, %s, %s, %s, 0)"
+    ).format(sql.Identifier(schema))
+    app = App(group_id="g", middleware=[])
+
+    @app.handler("t", max_attempts=1)
+    def apply(event: Event, tx: Any) -> None:
+        if event.id == "swallow":
+            with contextlib.suppress(psycopg.errors.DivisionByZero):
+                tx.execute("SELECT 1/0")  # aborts the transaction, whatever the handler thinks
+            return
+        tx.execute(insert, (event.id, event.topic, event.partition, event.offset))
+
+    store = PostgresInboxStore(stack.database_url, schema=schema, consumer="g")
+    store.open()
+    publisher = FakePublisher()
+    processor = BatchProcessor(app.routes, store, ["event-id"], publisher=publisher, consumer="g")
+    try:
+        # When it runs in the middle of a batch, on its last try
+        result = processor.process(
+            [record("t", 0, o, i) for o, i in enumerate(["a", "swallow", "b"])]
+        )
+    finally:
+        store.close()
+    # Then that event, not the next one, is dead-lettered, and the others are applied once
+    assert (result.next_offset, result.applied, result.dead_lettered) == (3, 2, 1)
+    assert [row[1] for row in effects(db, schema)] == ["a", "b"]
+    headers = publisher.headers(0)
+    assert headers["kinbox.dlq.offset"] == "1"
+    assert headers["kinbox.dlq.error.type"] == "StoreError"
+    assert "aborted" in headers["kinbox.dlq.error.message"]
