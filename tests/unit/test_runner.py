@@ -190,7 +190,7 @@ def test_missing_id_fail_commits_the_events_before_it_and_stops_the_worker() -> 
     runner, store, _ = make(recording_app([]), transport, missing_id="fail")
     with pytest.raises(EnvelopeError, match=r"missing_id=fail: no event id header.*lessons\[0\]@1"):
         runner.turn()
-    runner._commit()  # what run()'s finally does on the way out
+    runner._offsets.commit()  # what run()'s finally does on the way out
     assert store.effects == [("a", 0, 0)]
     assert transport.committed == {(T, 0): 1}  # not past the bad record
 
@@ -233,14 +233,29 @@ def test_revoke_commits_what_the_db_committed_and_lost_commits_nothing() -> None
     assert len(transport.commit_calls) == calls
 
 
-def test_rejected_commit_is_dropped_not_retried() -> None:
+def test_rejected_commit_is_kept_while_the_partition_stays_assigned() -> None:
+    # Given a commit rejected mid-rebalance (ILLEGAL_GENERATION) for a partition kept
     transport = FakeTransport()
     transport.append(record(T, 0, 0, "a"))
     runner, _, _ = make(recording_app([]), transport)
     transport.commit_errors.append(TransportError("ILLEGAL_GENERATION", retriable=False))
     runner.turn()
+    assert transport.committed == {}
+    # When the next turn comes, the offset is committed after all
     runner.turn()
-    assert transport.commit_calls == [{(T, 0): 1}]
+    assert transport.committed == {(T, 0): 1}
+
+
+def test_rejected_commit_is_not_retried_after_the_partition_is_lost() -> None:
+    transport = FakeTransport()
+    transport.append(record(T, 0, 0, "a"))
+    runner, _, _ = make(recording_app([]), transport)
+    transport.commit_errors.append(TransportError("UNKNOWN_MEMBER_ID", retriable=False))
+    runner.turn()
+    transport.revoke([(T, 0)], lost=True)
+    calls = len(transport.commit_calls)
+    runner.turn()
+    assert transport.committed == {} and len(transport.commit_calls) == calls
 
 
 def test_retriable_commit_failure_is_retried_next_turn() -> None:

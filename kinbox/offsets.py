@@ -1,0 +1,88 @@
+"""Offsets the database has committed and Kafka not yet: the runner's bookkeeping.
+
+An offset enters here only after the transaction that applied (or recorded)
+every event below it has committed, so whatever this module commits to Kafka
+is safe (DESIGN invariant 2). Leaving is the other half of the rule: a
+partition that is revoked gets one best-effort commit, and a partition that
+is lost gets none — another member owns it already.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from kinbox.errors import TransportError
+from kinbox.kafka import Partition, Transport
+
+log = logging.getLogger(__name__)
+
+# A commit that keeps failing (an authorization error, a long outage) is tried
+# every turn; say so once in a while, not ten times a second.
+_WARN_EVERY = 30.0
+
+
+class Offsets:
+    """The next offset to commit per partition, and committing it.
+
+    Args:
+        transport: where offsets are committed.
+    """
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._pending: dict[Partition, int] = {}
+        self._last_warning = -_WARN_EVERY
+
+    def advance(self, tp: Partition, next_offset: int) -> None:
+        """Record that every event of ``tp`` below ``next_offset`` is committed in the DB."""
+        # max(): an older result (a revoke's wait, then the loop) never moves it back.
+        self._pending[tp] = max(self._pending.get(tp, 0), next_offset)
+
+    def forget(self, tp: Partition) -> None:
+        """Drop ``tp``'s pending offset: the partition is no longer this member's."""
+        self._pending.pop(tp, None)
+
+    def commit(self) -> None:
+        """Commit every pending offset; on any failure keep them for the next turn.
+
+        Kept even when the broker rejects the commit outright: in a cooperative
+        rebalance a commit sent between its two phases gets ILLEGAL_GENERATION
+        although this member keeps the partition, and dropping the offset then
+        would leave it uncommitted until the next record arrives — a clean stop
+        would not commit it either, and a restart would redeliver. Keeping it
+        cannot commit onto another owner: a revoke or a loss calls
+        :meth:`forget` (a revoke after one last try), so only partitions this
+        member still owns stay pending.
+        """
+        if not self._pending:
+            return
+        offsets = dict(self._pending)
+        try:
+            self._transport.commit(offsets)
+        except TransportError as exc:
+            now = time.monotonic()
+            if now - self._last_warning >= _WARN_EVERY:
+                self._last_warning = now
+                kind = "failed" if exc.retriable else "rejected by the broker"
+                log.warning("offset commit %s, kept for the next try: %s", kind, exc)
+            return
+        self._last_warning = -_WARN_EVERY
+        for tp, offset in offsets.items():
+            # A batch may have advanced it meanwhile (from a revoke's wait).
+            if self._pending.get(tp) == offset:
+                del self._pending[tp]
+
+    def commit_leaving(self, partitions: Iterable[Partition]) -> None:
+        """Commit the pending offsets of ``partitions`` once, as they are revoked."""
+        offsets = {tp: self._pending[tp] for tp in partitions if tp in self._pending}
+        if not offsets:
+            return
+        try:
+            self._transport.commit(offsets)
+        except TransportError as exc:
+            # Whatever the reason, the partition is leaving: never retry this
+            # commit onto the next owner. It re-reads from the last committed
+            # offset and the inbox suppresses the repeats.
+            log.warning("offset commit on revoke dropped: %s", exc)
