@@ -8,7 +8,10 @@ Seed
 Modes
     quick (default, part of the normal test command): one run per scenario.
     long (``KINBOX_FAULTS_LONG=1``): ``KINBOX_FAULTS_RUNS`` runs (default 5),
-    each with its own derived seed, and more events per run.
+    each with its own derived seed, and more events per run. (Not a ``--long``
+    option: pytest reads ``pytest_addoption`` only from the conftest files it
+    loads before collecting, so one here fails ``pytest tests --long``; it would
+    belong in ``tests/conftest.py``.)
 Scoreboard
     every run records what was measured (delivery logs of the worker
     processes, rows counted in the database, offsets read back from the
@@ -21,7 +24,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,18 +35,13 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from psycopg import sql
 
+from tests.support.invariants import OffsetSampler, Outcome, assert_invariants, check_invariants
+from tests.support.records import Headers, Produced, committed, produce, produce_plan
 from tests.support.workers import (
-    OffsetSampler,
-    Outcome,
-    Produced,
     Worker,
     WorkerFactory,
-    assert_invariants,
-    check_invariants,
-    committed,
     drain,
     prepare_schema,
-    produce,
     read_deliveries,
     wait_for,
     workers,
@@ -72,6 +70,7 @@ class Row:
     applied_once: int = 0
     duplicates_suppressed: int = 0
     dead_lettered: int = 0
+    dead_letters: int = 0
     lost: int = 0
     applied_twice: int = 0
     seconds: float = 0.0
@@ -88,6 +87,7 @@ class Row:
             self.applied_once += outcome.applied_once
             self.duplicates_suppressed += outcome.duplicates_suppressed
             self.dead_lettered += outcome.dead_lettered
+            self.dead_letters += len(outcome.dead_letters)
             self.lost += len(outcome.lost)
             self.applied_twice += len(outcome.applied_twice)
 
@@ -103,7 +103,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     tr.section(f"kinbox fault scoreboard (seed {SEED}, {'long' if LONG else 'quick'} mode)")
     header = (
         f"{'scenario':<34} {'fault':<30} {'runs':>4} {'fail':>4} {'produced':>8} "
-        f"{'deliver':>7} {'once':>6} {'dups-supp':>9} {'dlq':>4} {'lost':>4} {'twice':>5} "
+        f"{'deliver':>7} {'once':>6} {'dups-supp':>9} {'dlq':>7} {'lost':>4} {'twice':>5} "
         f"{'secs':>6}"
     )
     tr.write_line(header)
@@ -112,13 +112,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         tr.write_line(
             f"{row.scenario[:34]:<34} {row.fault[:30]:<30} {row.runs:>4} {row.failed:>4} "
             f"{row.produced:>8} {row.deliveries:>7} {row.applied_once:>6} "
-            f"{row.duplicates_suppressed:>9} {row.dead_lettered:>4} {row.lost:>4} "
+            f"{row.duplicates_suppressed:>9} {f'{row.dead_lettered}/{row.dead_letters}':>7} "
+            f"{row.lost:>4} "
             f"{row.applied_twice:>5} {row.seconds:>6.1f}"
         )
     tr.write_line(
         "produced: records written (duplicates included); deliver: records the workers "
         "received (delivery logs); once: events with exactly one effect row; dups-supp: "
-        "deliveries the inbox suppressed (kinbox's batch results); lost/twice: events with "
+        "deliveries the inbox suppressed (kinbox's batch results); dlq: dead_lettered rows in "
+        "processed_events / records on the dead-letter topic; lost/twice: events with "
         "0 / >1 effect rows."
     )
     tr.write_line(f"replay: {SEED_ENV}={SEED} pytest tests/faults")
@@ -143,6 +145,8 @@ class Run:
     produced: Produced | None = None
     outcome: Outcome | None = None
     sampler: OffsetSampler | None = None
+    expect_dead: frozenset[str] = frozenset()
+    """Event ids this run must end with dead-lettered (invariant 5), and only these."""
 
     def produce(self, count: int = EVENTS, duplicates: int = 0) -> Produced:
         """Write this run's events (ids ``<run>-<n>``), ``duplicates`` repeats mixed in."""
@@ -150,6 +154,11 @@ class Run:
             self.bootstrap, self.topic, count, self.partitions,
             prefix=f"{self.group}-ev", duplicates=duplicates, rng=self.rng,
         )  # fmt: skip
+        return self.produced
+
+    def produce_plan(self, items: list[tuple[int, Headers, str | None]]) -> Produced:
+        """Write hand-made records (see :func:`~tests.support.records.produce_plan`)."""
+        self.produced = produce_plan(self.bootstrap, self.topic, self.partitions, items)
         return self.produced
 
     @contextmanager
@@ -162,28 +171,34 @@ class Run:
             self.sampler = sampler
             yield sampler
 
-    def wait_caught_up(self, worker: Worker, timeout: float = 90.0) -> None:
-        """Wait until ``worker`` (still running: it must survive the fault) committed everything."""
+    def wait_caught_up(self, *members: Worker, timeout: float = 90.0) -> None:
+        """Wait until the group committed everything; ``members`` must all survive the fault."""
         assert self.produced is not None, "produce() first"
         produced = self.produced
         ends = produced.end_offsets()
 
+        seen: dict[int, int] = {}
+
         def caught_up() -> bool:
-            if worker.proc.poll() is not None:
-                raise AssertionError(
-                    f"{worker.name} exited ({worker.proc.returncode}) instead of riding out "
-                    f"the fault\n{worker.log_tail()}"
-                )
+            for worker in members:
+                if worker.proc.poll() is not None:
+                    raise AssertionError(
+                        f"{worker.name} exited ({worker.proc.returncode}) instead of riding out "
+                        f"the fault\n{worker.log_tail()}"
+                    )
             try:
                 got = committed(self.bootstrap, self.group, self.topic, self.partitions)
             except AssertionError:
                 return False  # the broker is still coming back
+            seen.update(got)
             return all(got.get(p, 0) >= end for p, end in ends.items())
 
+        names = ", ".join(w.name for w in members)
         try:
-            wait_for(caught_up, timeout, f"{worker.name} to commit up to {ends}")
+            wait_for(caught_up, timeout, f"{names} to commit up to {ends}")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{worker.log_tail()}") from None
+            tails = "\n".join(w.log_tail() for w in members)
+            raise AssertionError(f"{exc}; last committed {seen}\n{tails}") from None
 
     def handler_calls(self) -> int:
         """Handler calls so far, over all workers of this run (from their delivery logs)."""
@@ -193,15 +208,21 @@ class Run:
         """Wait until the handlers ran ``count`` times (the fault should land mid-stream)."""
         wait_for(lambda: self.handler_calls() >= count, timeout, f"{count} handler calls")
 
-    def finish(self, drain_timeout: float = 90.0) -> Outcome:
-        """Final drain with a clean worker, then measure and assert the invariants."""
+    def finish(self, drain_timeout: float = 90.0, drain_args: Sequence[str] = ()) -> Outcome:
+        """Final drain with a clean worker, then measure and assert the invariants.
+
+        ``drain_args``: options of the draining ``kinbox worker`` (a run under
+        ``--missing-id derive`` drains under it too).
+        """
         assert self.produced is not None, "produce() first"
-        drain(self.factory, self.produced, timeout=drain_timeout)
+        drain(self.factory, self.produced, timeout=drain_timeout, args=drain_args)
         self.outcome = check_invariants(self.factory, self.produced)
         violations = self.sampler.violations() if self.sampler else []
         if self.sampler is not None:
             assert self.sampler.samples > 0, "the offset sampler never got a reading"
-        assert_invariants(self.outcome, self.produced, self.factory, violations)
+        assert_invariants(
+            self.outcome, self.produced, self.factory, violations, expect_dead=self.expect_dead
+        )
         return self.outcome
 
 

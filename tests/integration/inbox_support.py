@@ -20,9 +20,9 @@ from psycopg import sql
 from kinbox.app import App
 from kinbox.config import Settings
 from kinbox.inbox_schema import INBOX
+from kinbox.kafka import KafkaTransport
 from kinbox.runner import Runner
 from kinbox.store import PostgresInboxStore, apply_migrations
-from kinbox.transport import KafkaTransport
 from tests.integration.inbox_app import make_app
 from tests.support.workers import committed as committed  # re-exported for the inbox tests
 
@@ -155,10 +155,10 @@ def app_for(topic: str, schema: str, group: str) -> App:
 def start_worker(
     bootstrap: str, database_url: str, topic: str, group: str, schema: str,
     *, failpoints: str = "", sleep: float = 0.0, processes: int = 1,
-    kafka: dict[str, str] | None = None,
+    kafka: dict[str, str] | None = None, env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:  # fmt: skip
     """``kinbox worker tests.integration.inbox_app:app`` as a real process."""
-    env = {
+    environ = {
         **os.environ,
         "KINBOX_BOOTSTRAP_SERVERS": bootstrap,
         "KINBOX_DATABASE_URL": database_url,
@@ -171,9 +171,10 @@ def start_worker(
         "KINBOX_FAILPOINTS": failpoints,
         "INBOX_TEST_TOPIC": topic,
         "INBOX_TEST_SLEEP": str(sleep),
+        **(env or {}),
     }
     args = [sys.executable, "-m", "kinbox.cli", "worker", "tests.integration.inbox_app:app"]
     args += ["--processes", str(processes)]
     for key, value in (FAST_GROUP if kafka is None else kafka).items():
         args += ["-X", f"{key}={value}"]
-    return subprocess.Popen(args, cwd=ROOT, env=env)
+    return subprocess.Popen(args, cwd=ROOT, env=environ)

@@ -12,6 +12,17 @@ Behaviour, by environment variable:
 ``FAULT_FAIL_TIMES`` / ``FAULT_FAIL_EVERY``
     the handler raises a transient error on the first ``FAULT_FAIL_TIMES``
     attempts of every ``FAULT_FAIL_EVERY``-th event (by its sequence number).
+``FAULT_POISON_EVERY``
+    every ``FAULT_POISON_EVERY``-th event (by sequence number) is poison: the
+    handler raises :class:`PoisonError` on every attempt, so kinbox must
+    dead-letter it after ``max_attempts``.
+``FAULT_SLOW_IDS`` / ``FAULT_SLOW_SECONDS`` / ``FAULT_GATE``
+    the handler holds each event whose id is in the comma-separated
+    ``FAULT_SLOW_IDS`` for ``FAULT_SLOW_SECONDS`` (inside the transaction); with
+    ``FAULT_GATE`` set it holds until that file exists instead (at most
+    ``FAULT_SLOW_SECONDS``), so a test can release it exactly when its fault is
+    in place. A held call writes ``w <partition> <offset> <id> begin|end <time>``
+    lines (``time.monotonic()``: one clock for every process on the machine).
 ``FAULT_LOG_DIR``
     where this process appends its *delivery log*, ``deliveries-<pid>.log``:
     one ``d <partition> <offset> <id>`` line per record kinbox hands to the
@@ -20,10 +31,9 @@ Behaviour, by environment variable:
     written with ``os.write`` on an ``O_APPEND`` descriptor, so they survive a
     SIGKILL a moment later; the scoreboard's delivery counts come from here.
 
-The delivery lines come from wrapping ``BatchProcessor.process`` in this
-(test-only) process: kinbox has no per-record hook, and counting what the
-consumer really received is the only way to tell "no redelivery" from
-"redelivered and suppressed".
+The ``d`` and ``r`` lines come from a :class:`kinbox.Middleware`
+(``DeliveryLog``): counting what the consumer really received is the only way
+to tell "no redelivery" from "redelivered and suppressed".
 """
 
 from __future__ import annotations
@@ -35,8 +45,8 @@ from typing import Any
 
 from psycopg import sql
 
-from kinbox import App, Event
-from kinbox.batch import BatchProcessor, BatchResult
+from kinbox import App, Event, Middleware
+from kinbox.batch import BatchResult
 from kinbox.envelope import Record
 
 TOPIC = os.environ.get("FAULT_TOPIC", "fault-test")
@@ -45,11 +55,19 @@ TABLE = os.environ.get("FAULT_EFFECT_TABLE", "effects")
 SLEEP = float(os.environ.get("FAULT_SLEEP", "0"))
 FAIL_TIMES = int(os.environ.get("FAULT_FAIL_TIMES", "0"))
 FAIL_EVERY = int(os.environ.get("FAULT_FAIL_EVERY", "1"))
+POISON_EVERY = int(os.environ.get("FAULT_POISON_EVERY", "0"))
+SLOW_IDS = frozenset(filter(None, os.environ.get("FAULT_SLOW_IDS", "").split(",")))
+SLOW_SECONDS = float(os.environ.get("FAULT_SLOW_SECONDS", "0"))
+GATE = os.environ.get("FAULT_GATE", "")
 LOG_DIR = os.environ.get("FAULT_LOG_DIR", "")
 
 
 class TransientHandlerError(RuntimeError):
     """Raised by the handler on purpose: the next attempt succeeds."""
+
+
+class PoisonError(ValueError):
+    """Raised by the handler on purpose on every attempt: the event can never be applied."""
 
 
 _fd = (
@@ -71,27 +89,27 @@ def _log(line: str) -> None:
 def _header_id(record: Record) -> str:
     for key, value in record.headers:
         if key == "event-id" and value is not None:
-            return value.decode("utf-8", "replace")
+            # One token per field: the log is split on whitespace.
+            return "".join(value.decode("utf-8", "replace").split()) or "-"
     return "-"
 
 
-_original_process = BatchProcessor.process
+class DeliveryLog(Middleware):
+    """Writes the ``d`` (received) and ``r`` (committed batch) lines of the delivery log."""
 
+    def before_batch(self, topic: str, partition: int, records: Sequence[Record]) -> None:
+        # One write for the whole batch: cheaper, and a SIGKILL cannot split it.
+        _log("\n".join(f"d {r.partition} {r.offset} {_header_id(r)}" for r in records))
 
-def _logged_process(
-    self: BatchProcessor, records: Sequence[Record], attempt: int = 1
-) -> BatchResult:
-    # One write for the whole batch: cheaper, and a SIGKILL cannot split it.
-    _log("\n".join(f"d {r.partition} {r.offset} {_header_id(r)}" for r in records))
-    result = _original_process(self, records, attempt)
-    if result.next_offset is not None:
-        _log(f"r {result.applied} {result.duplicates}")
-    return result
+    def after_batch(
+        self, topic: str, partition: int, records: Sequence[Record], result: BatchResult
+    ) -> None:
+        if result.next_offset is not None:
+            _log(f"r {result.applied} {result.duplicates}")
 
-
-BatchProcessor.process = _logged_process  # type: ignore[method-assign]
 
 app = App(group_id=os.environ.get("KINBOX_GROUP_ID", "fault-test"), schema=SCHEMA)
+app.add_middleware(DeliveryLog())
 _insert = sql.SQL(
     'INSERT INTO {}.{} (event_id, topic, partition, "offset", pid) VALUES (%s, %s, %s, %s, %s)'
 ).format(sql.Identifier(SCHEMA), sql.Identifier(TABLE))
@@ -99,16 +117,30 @@ _insert = sql.SQL(
 
 @app.handler(TOPIC)
 def apply_effect(event: Event, tx: Any) -> None:
-    """Insert one effect row; optionally sleep, or fail the first attempts."""
-    _log(f"h {event.partition} {event.offset} {event.id} {event.attempt}")
+    """Insert one effect row; optionally sleep, hold, fail the first attempts, or always fail."""
+    _log(f"h {event.partition} {event.offset} {''.join(event.id.split()) or '-'} {event.attempt}")
     if SLEEP:
         time.sleep(SLEEP)
-    if FAIL_TIMES and event.attempt <= FAIL_TIMES and _seq(event.id) % FAIL_EVERY == 0:
+    if event.id in SLOW_IDS:
+        _hold(event)
+    if POISON_EVERY and _every(event.id, POISON_EVERY):
+        raise PoisonError(f"injected poison: {event.id} can never be applied")
+    if FAIL_TIMES and event.attempt <= FAIL_TIMES and _every(event.id, FAIL_EVERY):
         raise TransientHandlerError(f"injected failure, attempt {event.attempt} of {event.id}")
     tx.execute(_insert, (event.id, event.topic, event.partition, event.offset, os.getpid()))
 
 
-def _seq(event_id: str) -> int:
-    """The sequence number at the end of a suite event id (``run-17`` -> 17)."""
+def _hold(event: Event) -> None:
+    """Keep the handler busy (see ``FAULT_SLOW_*`` in the module docstring)."""
+    where = f"{event.partition} {event.offset} {event.id}"
+    begin = time.monotonic()
+    _log(f"w {where} begin {begin:.3f}")
+    while time.monotonic() < begin + SLOW_SECONDS and not (GATE and os.path.exists(GATE)):
+        time.sleep(0.02)
+    _log(f"w {where} end {time.monotonic():.3f}")
+
+
+def _every(event_id: str, every: int) -> bool:
+    """Whether a suite event id (``run-17``) is a multiple of ``every``; other ids never are."""
     tail = event_id.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else 0
+    return tail.isdigit() and int(tail) % every == 0

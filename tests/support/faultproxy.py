@@ -96,14 +96,16 @@ class FaultProxy:
     """Forward ``127.0.0.1:port`` to ``target``, with faults switchable from any thread.
 
     Args:
-        target: ``(host, port)`` of the real server, or just its port on 127.0.0.1.
+        target: ``(host, port)`` of the real server, or just its port on 127.0.0.1;
+            ``None`` to set :attr:`target` later, before :meth:`start` (a Kafka
+            broker must know the proxy's port before it has a port of its own).
         port: where to listen (0: a free port, read it from :attr:`port`).
 
     Use as a context manager, or call :meth:`start` and :meth:`close`.
     """
 
-    def __init__(self, target: tuple[str, int] | int, *, port: int = 0) -> None:
-        self.target = ("127.0.0.1", target) if isinstance(target, int) else target
+    def __init__(self, target: tuple[str, int] | int | None, *, port: int = 0) -> None:
+        self.target = ("127.0.0.1", target) if isinstance(target, int) else (target or ("", 0))
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", port))
@@ -143,6 +145,8 @@ class FaultProxy:
 
     def start(self) -> FaultProxy:
         """Start the proxy thread; return ``self``."""
+        if not self.target[1]:
+            raise ValueError("set the proxy's target before starting it")
         self._thread.start()
         return self
 

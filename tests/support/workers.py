@@ -1,35 +1,33 @@
-"""Real ``kinbox worker`` processes, a producer, and the invariant checker of the fault suite.
+"""Real ``kinbox worker`` processes for the fault suite, their delivery logs, and the drain.
 
-Everything here talks to the real broker and the real database: workers are
-subprocesses running :mod:`tests.support.effect_app`, offsets are read back
-from the broker with ``Consumer.committed``, effects are counted in the
-database. Nothing is faked, so the numbers the scoreboard prints are measured.
+Workers are subprocesses running :mod:`tests.support.effect_app` against the
+real broker and the real database; what they received is read back from the
+delivery logs the app writes. :mod:`tests.support.records` produces and reads
+records, :mod:`tests.support.invariants` checks the outcome.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import random
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from psycopg import sql
 
 from kinbox.inbox_schema import INBOX
 from kinbox.store import apply_migrations
+from tests.support.records import Produced
+from tests.support.records import committed as committed  # also used by tests/integration
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.support.effect_app:app"
@@ -59,9 +57,6 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-# -- database --
-
-
 def prepare_schema(database_url: str, schema: str, table: str = "effects") -> None:
     """Migrate the inbox into ``schema`` and create the effect table (no unique key on ids)."""
     apply_migrations(database_url, schema, [INBOX])
@@ -72,132 +67,6 @@ def prepare_schema(database_url: str, schema: str, table: str = "effects") -> No
                 ' topic text, partition int, "offset" bigint, pid int)'
             ).format(sql.Identifier(schema), sql.Identifier(table))
         )
-
-
-def effect_counts(database_url: str, schema: str, table: str = "effects") -> Counter[str]:
-    """How many effect rows each event id has."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        rows = conn.execute(
-            sql.SQL("SELECT event_id, count(*) FROM {}.{} GROUP BY event_id").format(
-                sql.Identifier(schema), sql.Identifier(table)
-            )
-        ).fetchall()
-    return Counter({r[0]: int(r[1]) for r in rows})
-
-
-def processed(database_url: str, schema: str, group: str) -> dict[str, str]:
-    """``processed_events`` of ``group``: event id -> status."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        rows = conn.execute(
-            sql.SQL("SELECT event_id, status FROM {}.processed_events WHERE consumer = %s").format(
-                sql.Identifier(schema)
-            ),
-            (group,),
-        ).fetchall()
-    return {r[0]: r[1] for r in rows}
-
-
-# -- Kafka --
-
-
-@dataclass(frozen=True)
-class Produced:
-    """What the producer wrote, from its delivery reports."""
-
-    topic: str
-    partitions: int
-    records: dict[tuple[int, int], str]
-    """(partition, offset) -> event id."""
-
-    @property
-    def ids(self) -> set[str]:
-        """Distinct event ids (duplicates share one)."""
-        return set(self.records.values())
-
-    def end_offsets(self) -> dict[int, int]:
-        """Next offset after the last record, per partition written to."""
-        ends: dict[int, int] = {}
-        for partition, offset in self.records:
-            ends[partition] = max(ends.get(partition, 0), offset + 1)
-        return ends
-
-
-def produce(
-    bootstrap: str,
-    topic: str,
-    count: int,
-    partitions: int,
-    *,
-    prefix: str,
-    duplicates: int = 0,
-    rng: random.Random | None = None,
-) -> Produced:
-    """Write ``count`` events ``<prefix>-<n>`` round-robin over ``partitions``.
-
-    ``duplicates`` extra records repeat random earlier ids (the same ``event-id``
-    header at a later offset, possibly on another partition): the inbox must
-    suppress them.
-    """
-    rng = rng or random.Random(0)
-    plan = [(f"{prefix}-{n}", n % partitions) for n in range(count)]
-    for _ in range(duplicates):
-        event_id, _partition = plan[rng.randrange(count)]
-        plan.insert(rng.randrange(len(plan) + 1), (event_id, rng.randrange(partitions)))
-    records: dict[tuple[int, int], str] = {}
-    errors: list[str] = []
-
-    def delivered(event_id: str, err: Any, msg: Any) -> None:
-        # The id comes from the closure: a delivery report's headers are not
-        # reliably readable from inside the callback.
-        if err is not None:
-            errors.append(str(err))
-            return
-        records[(msg.partition(), msg.offset())] = event_id
-
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5}
-    )
-    for event_id, partition in plan:
-        producer.produce(
-            topic,
-            value=b'{"n": 1}',
-            partition=partition,
-            headers=[("event-id", event_id.encode())],
-            on_delivery=functools.partial(delivered, event_id),
-        )
-        producer.poll(0)
-    left = producer.flush(60)
-    assert left == 0 and not errors, f"produce failed: {left} undelivered, errors {errors[:3]}"
-    return Produced(topic, partitions, records)
-
-
-def _retrying(action: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    """Run ``action`` until it stops raising a retriable Kafka error (coordinator loading...)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return action()
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            retriable = err is not None and (err.retriable() or "coordinator" in err.str().lower())
-            if not retriable or time.monotonic() > deadline:
-                raise AssertionError(f"{what}: {exc}") from exc
-            time.sleep(0.5)
-
-
-def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
-    """Committed offsets of ``group`` read back from the broker (absent ones left out)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 3})
-    try:
-        parts = _retrying(
-            lambda: consumer.committed(
-                [TopicPartition(topic, p) for p in range(partitions)], timeout=10
-            ),
-            f"reading committed offsets of {group!r}",
-        )
-    finally:
-        consumer.close()
-    return {tp.partition: tp.offset for tp in parts if tp.offset >= 0}
 
 
 # -- worker processes --
@@ -304,8 +173,16 @@ class WorkerFactory:
         database_url: str | None = None,
         bootstrap: str | None = None,
         batch_max_messages: int = 50,
+        args: Sequence[str] = (),
+        kafka: Mapping[str, str | None] | None = None,
     ) -> Worker:
-        """Start ``kinbox worker tests.support.effect_app:app`` with this run's settings."""
+        """Start ``kinbox worker tests.support.effect_app:app`` with this run's settings.
+
+        Args:
+            args: more ``kinbox worker`` options (``--missing-id fail``...).
+            kafka: ``-X`` properties over :data:`FAST_KAFKA`; ``None`` drops one
+                (KIP-848 refuses the classic protocol's heartbeat setting).
+        """
         full_env = {
             **os.environ,
             **FAST_ENV,
@@ -326,8 +203,10 @@ class WorkerFactory:
             "--schema", self.schema,
             "--batch-max-messages", str(batch_max_messages),
         ]  # fmt: skip
-        for key, value in FAST_KAFKA.items():
-            argv += ["-X", f"{key}={value}"]
+        for key, value in {**FAST_KAFKA, **(kafka or {})}.items():
+            if value is not None:
+                argv += ["-X", f"{key}={value}"]
+        argv += list(args)
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
@@ -355,6 +234,10 @@ class Deliveries:
     handler_calls: int = 0
     applied: int = 0
     duplicates: int = 0
+    attempts: dict[str, list[int]] = field(default_factory=dict)
+    """Event id -> the ``attempt`` of each handler call, in call order."""
+    holds: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    """Event id -> ``(begin|end, monotonic time)`` of the handler's held calls."""
 
     @property
     def total(self) -> int:
@@ -379,88 +262,30 @@ def read_deliveries(log_dir: Path) -> Deliveries:
                 out.records[(int(parts[1]), int(parts[2]))] += 1
             elif parts[0] == "h":
                 out.handler_calls += 1
+                if len(parts) == 5:
+                    out.attempts.setdefault(parts[3], []).append(int(parts[4]))
+            elif parts[0] == "w" and len(parts) == 6:
+                out.holds.setdefault(parts[3], []).append((parts[4], float(parts[5])))
             elif parts[0] == "r" and len(parts) == 3:
                 out.applied += int(parts[1])
                 out.duplicates += int(parts[2])
     return out
 
 
-# -- invariants --
-
-
-def offsets_behind_database(
-    database_url: str, schema: str, bootstrap: str, group: str, produced: Produced
-) -> list[str]:
-    """Invariant 2, sampled once: records below a committed offset whose id is not in the DB.
-
-    Offsets are read *before* the database: both only grow, so anything the
-    database lacks at the later read it also lacked when the offset was seen.
-    """
-    offsets = committed(bootstrap, group, produced.topic, produced.partitions)
-    done = processed(database_url, schema, group)
-    return [
-        f"partition {p} committed at {offsets[p]} but event {eid!r} at offset {o} is not in "
-        f"processed_events"
-        for (p, o), eid in sorted(produced.records.items())
-        if o < offsets.get(p, 0) and eid not in done
-    ]
-
-
-class OffsetSampler:
-    """Checks invariant 2 in a background thread every ``interval`` s while faults happen.
-
-    Read errors while a service is down are expected and skipped; a violation
-    is kept and reported by :meth:`violations`.
-    """
-
-    def __init__(
-        self, database_url: str, schema: str, bootstrap: str, group: str, produced: Produced,
-        interval: float = 0.5,
-    ) -> None:  # fmt: skip
-        self._args = (database_url, schema, bootstrap, group, produced)
-        self._interval = interval
-        self._stop = threading.Event()
-        self._found: list[str] = []
-        self.samples = 0
-        self._thread = threading.Thread(target=self._run, name="offset-sampler", daemon=True)
-
-    def _sample(self) -> None:
-        try:
-            found = offsets_behind_database(*self._args)
-        except (AssertionError, psycopg.Error, KafkaException):
-            return  # a service is down right now: that is the fault, not a finding
-        self.samples += 1
-        self._found.extend(found)
-
-    def _run(self) -> None:
-        while True:
-            self._sample()
-            if self._stop.wait(self._interval):
-                return
-
-    def __enter__(self) -> OffsetSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
-        self._sample()  # one more after the fault: short faults end before the first tick
-
-    def violations(self) -> list[str]:
-        """Invariant-2 violations seen while sampling."""
-        return list(self._found)
-
-
 def drain(
-    factory: WorkerFactory, produced: Produced, *, timeout: float = 90.0, name: str = "drain"
+    factory: WorkerFactory,
+    produced: Produced,
+    *,
+    timeout: float = 90.0,
+    name: str = "drain",
+    args: Sequence[str] = (),
 ) -> Worker:
     """Run a clean worker until the group's committed offsets reach the end, then stop it.
 
     Fails (with the worker's log) if the offsets do not get there: a stuck
     partition is a finding, not something to wait out.
     """
-    worker = factory.start(name)
+    worker = factory.start(name, args=args)
     # Joined first: with the offsets already at the end, a SIGTERM during
     # start-up would otherwise hit the process before its handlers exist.
     worker.wait_assigned(timeout)
@@ -479,76 +304,6 @@ def drain(
     status = worker.stop()
     assert status == 0, f"{name} exited {status} on SIGTERM\n{worker.log_tail()}"
     return worker
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The measured result of one scenario run (a scoreboard row's numbers)."""
-
-    produced: int
-    events: int
-    deliveries: int
-    applied_once: int
-    duplicates_suppressed: int
-    dead_lettered: int
-    lost: list[str]
-    applied_twice: dict[str, int]
-    offsets: dict[int, int]
-
-
-def check_invariants(
-    factory: WorkerFactory, produced: Produced, *, table: str = "effects"
-) -> Outcome:
-    """After a final drain: exactly-once effects, nothing lost, offsets at the end and covered.
-
-    Returns the measured :class:`Outcome`; the caller asserts on it (so the
-    scoreboard row is recorded even when the run fails).
-    """
-    effects = effect_counts(factory.database_url, factory.schema, table)
-    status = processed(factory.database_url, factory.schema, factory.group)
-    offsets = committed(factory.bootstrap, factory.group, produced.topic, produced.partitions)
-    deliveries = read_deliveries(factory.log_dir)
-    ids = produced.ids
-    dead = {i for i, s in status.items() if s == "dead_lettered"}
-    lost = sorted(i for i in ids if effects.get(i, 0) == 0 and i not in dead)
-    twice = {i: n for i, n in effects.items() if n > 1}
-    return Outcome(
-        produced=len(produced.records),
-        events=len(ids),
-        deliveries=deliveries.total,
-        applied_once=sum(1 for i in ids if effects.get(i, 0) == 1),
-        duplicates_suppressed=deliveries.duplicates,
-        dead_lettered=len(dead),
-        lost=lost,
-        applied_twice=twice,
-        offsets=offsets,
-    )
-
-
-def assert_invariants(
-    outcome: Outcome, produced: Produced, factory: WorkerFactory, sampler_violations: list[str]
-) -> None:
-    """Fail with specifics if any invariant of DESIGN.md (1, 2) does not hold."""
-    problems = []
-    if outcome.lost:
-        problems.append(f"{len(outcome.lost)} events lost (no effect row): {outcome.lost[:10]}")
-    if outcome.applied_twice:
-        sample = dict(list(outcome.applied_twice.items())[:10])
-        problems.append(f"{len(outcome.applied_twice)} events applied more than once: {sample}")
-    status = processed(factory.database_url, factory.schema, factory.group)
-    missing = sorted(produced.ids - set(status))
-    if missing:
-        problems.append(f"{len(missing)} events missing from processed_events: {missing[:10]}")
-    ends = produced.end_offsets()
-    if any(outcome.offsets.get(p, 0) != end for p, end in ends.items()):
-        problems.append(f"committed offsets {outcome.offsets} != end offsets {ends}")
-    behind = offsets_behind_database(
-        factory.database_url, factory.schema, factory.bootstrap, factory.group, produced
-    )
-    problems += behind[:10] + sampler_violations[:10]
-    if problems:
-        logs = "\n".join(w.log_tail(25) for w in factory.started)
-        raise AssertionError("invariants violated:\n  " + "\n  ".join(problems) + "\n" + logs)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,208 @@
+"""Records in and out of the real broker: the producer, a topic reader, committed offsets.
+
+The fault suite writes its events here (with delivery reports, so it knows each
+record's partition and offset), reads dead-letter topics back, and reads the
+group's committed offsets from the broker.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What the producer wrote, from its delivery reports."""
+
+    topic: str
+    partitions: int
+    records: dict[tuple[int, int], str]
+    """(partition, offset) -> event id."""
+
+    @property
+    def ids(self) -> set[str]:
+        """Distinct event ids (duplicates share one)."""
+        return set(self.records.values())
+
+    def end_offsets(self) -> dict[int, int]:
+        """Next offset after the last record, per partition written to."""
+        ends: dict[int, int] = {}
+        for partition, offset in self.records:
+            ends[partition] = max(ends.get(partition, 0), offset + 1)
+        return ends
+
+
+Headers = list[tuple[str, bytes | None]]
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    partitions: int,
+    *,
+    prefix: str,
+    duplicates: int = 0,
+    rng: random.Random | None = None,
+) -> Produced:
+    """Write ``count`` events ``<prefix>-<n>`` round-robin over ``partitions``.
+
+    ``duplicates`` extra records repeat random earlier ids (the same ``event-id``
+    header at a later offset, possibly on another partition): the inbox must
+    suppress them.
+    """
+    rng = rng or random.Random(0)
+    plan = [(f"{prefix}-{n}", n % partitions) for n in range(count)]
+    for _ in range(duplicates):
+        event_id, _partition = plan[rng.randrange(count)]
+        plan.insert(rng.randrange(len(plan) + 1), (event_id, rng.randrange(partitions)))
+    items: list[tuple[int, Headers, str | None]] = [
+        (partition, [("event-id", event_id.encode())], event_id) for event_id, partition in plan
+    ]
+    return produce_plan(bootstrap, topic, partitions, items)
+
+
+def produce_plan(
+    bootstrap: str, topic: str, partitions: int, items: list[tuple[int, Headers, str | None]]
+) -> Produced:
+    """Write one record per ``(partition, headers, expected id)``, in order.
+
+    The expected id is what kinbox should key the record on; ``None`` means the
+    record has no valid id, so kinbox keys it on ``topic/partition/offset``
+    (dead-lettered or derived), which is filled in from the delivery report.
+    """
+    records: dict[tuple[int, int], str] = {}
+    errors: list[str] = []
+
+    def delivered(event_id: str | None, err: Any, msg: Any) -> None:
+        # The id comes from the closure: a delivery report's headers are not
+        # reliably readable from inside the callback.
+        if err is not None:
+            errors.append(str(err))
+            return
+        where = (msg.partition(), msg.offset())
+        records[where] = event_id or f"{topic}/{where[0]}/{where[1]}"
+
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5}
+    )
+    for partition, headers, event_id in items:
+        producer.produce(
+            topic,
+            value=b'{"n": 1}',
+            partition=partition,
+            headers=cast("list[tuple[str, str | bytes | None]]", headers),
+            on_delivery=functools.partial(delivered, event_id),
+        )
+        producer.poll(0)
+    left = producer.flush(60)
+    assert left == 0 and not errors, f"produce failed: {left} undelivered, errors {errors[:3]}"
+    return Produced(topic, partitions, records)
+
+
+@dataclass(frozen=True)
+class Read:
+    """One record read back from a topic."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+
+    def header(self, name: str) -> str | None:
+        """The first ``name`` header as text (``None`` if absent)."""
+        for key, value in self.headers:
+            if key == name and value is not None:
+                return value.decode("utf-8", "replace")
+        return None
+
+
+def read_topic(bootstrap: str, topic: str, timeout: float = 10.0) -> list[Read]:
+    """Every record of ``topic`` up to its end as of now; ``[]`` if it does not exist.
+
+    Group-less (``assign``), so nothing is committed and no topic is created.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"fault-reader-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "allow.auto.create.topics": False,
+            "log_level": 3,
+        }
+    )
+    out: list[Read] = []
+    try:
+        meta = consumer.list_topics(timeout=timeout).topics.get(topic)
+        if meta is None:
+            return out
+        for partition in sorted(meta.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout)
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topic, partition, low)])
+            position = low
+            while position < high:
+                msg = consumer.poll(timeout)
+                assert msg is not None, f"{topic}[{partition}]: nothing read in {timeout}s"
+                if msg.error() is not None:
+                    raise AssertionError(f"reading {topic}[{partition}]: {msg.error()}")
+                position = (msg.offset() or 0) + 1
+                headers = cast(Headers, msg.headers() or [])
+                out.append(Read(partition, position - 1, msg.key(), msg.value(), headers))
+    finally:
+        consumer.close()
+    return out
+
+
+def dead_letter_id(letter: Read, id_headers: tuple[str, ...] = ("event-id", "ce_id", "id")) -> str:
+    """The event id kinbox recorded as ``dead_lettered`` for the dead letter ``letter``.
+
+    An invalid-id record is keyed on its original ``topic/partition/offset``
+    (from the ``kinbox.dlq.*`` headers); any other on its id header.
+    """
+    if letter.header("kinbox.dlq.reason") == "invalid-id":
+        origin = ("topic", "partition", "offset")
+        return "/".join(letter.header(f"kinbox.dlq.{name}") or "?" for name in origin)
+    for name in id_headers:
+        found = letter.header(name)
+        if found is not None:
+            return found
+    return "?"
+
+
+def _retrying(action: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Run ``action`` until it stops raising a retriable Kafka error (coordinator loading...)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return action()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            retriable = err is not None and (err.retriable() or "coordinator" in err.str().lower())
+            if not retriable or time.monotonic() > deadline:
+                raise AssertionError(f"{what}: {exc}") from exc
+            time.sleep(0.5)
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """Committed offsets of ``group`` read back from the broker (absent ones left out)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 3})
+    try:
+        parts = _retrying(
+            lambda: consumer.committed(
+                [TopicPartition(topic, p) for p in range(partitions)], timeout=10
+            ),
+            f"reading committed offsets of {group!r}",
+        )
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in parts if tp.offset >= 0}
