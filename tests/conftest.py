@@ -30,6 +30,21 @@ STACK_LINES: list[str] = []
 """What the integration fixtures started (versions, pids, addresses), printed at the end."""
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--long",
+        action="store_true",
+        help="fault suite in long mode: many seeded runs per scenario (KINBOX_FAULTS_LONG=1)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # tests/faults/conftest.py reads the mode when it is imported, during
+    # collection, which comes after this hook.
+    if config.getoption("--long"):
+        os.environ["KINBOX_FAULTS_LONG"] = "1"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).relative_to(_ROOT).parts

@@ -8,10 +8,8 @@ Seed
 Modes
     quick (default, part of the normal test command): one run per scenario.
     long (``KINBOX_FAULTS_LONG=1``): ``KINBOX_FAULTS_RUNS`` runs (default 5),
-    each with its own derived seed, and more events per run. (Not a ``--long``
-    option: pytest reads ``pytest_addoption`` only from the conftest files it
-    loads before collecting, so one here fails ``pytest tests --long``; it would
-    belong in ``tests/conftest.py``.)
+    each with its own derived seed, and more events per run; ``pytest --long``
+    (an option of tests/conftest.py) sets it.
 Scoreboard
     every run records what was measured (delivery logs of the worker
     processes, rows counted in the database, offsets read back from the
@@ -52,9 +50,21 @@ LONG_ENV = "KINBOX_FAULTS_LONG"
 RUNS_ENV = "KINBOX_FAULTS_RUNS"
 
 SEED = os.environ.get(SEED_ENV) or str(random.SystemRandom().randrange(10**9))
-LONG = os.environ.get(LONG_ENV, "").lower() in {"1", "true", "yes"}
-RUNS = int(os.environ.get(RUNS_ENV, "5")) if LONG else 1
-EVENTS = 1000 if LONG else 300
+
+
+def long_mode() -> bool:
+    """Read when used, not at import: ``pytest --long`` sets the variable after this loads."""
+    return os.environ.get(LONG_ENV, "").lower() in {"1", "true", "yes"}
+
+
+def runs() -> int:
+    """Runs per scenario."""
+    return int(os.environ.get(RUNS_ENV, "5")) if long_mode() else 1
+
+
+def events() -> int:
+    """Events per run."""
+    return 1000 if long_mode() else 300
 
 
 @dataclass
@@ -100,7 +110,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not SCOREBOARD:
         return
     tr = terminalreporter
-    tr.section(f"kinbox fault scoreboard (seed {SEED}, {'long' if LONG else 'quick'} mode)")
+    tr.section(f"kinbox fault scoreboard (seed {SEED}, {'long' if long_mode() else 'quick'} mode)")
     header = (
         f"{'scenario':<34} {'fault':<30} {'runs':>4} {'fail':>4} {'produced':>8} "
         f"{'deliver':>7} {'once':>6} {'dups-supp':>9} {'dlq':>7} {'lost':>4} {'twice':>5} "
@@ -148,10 +158,10 @@ class Run:
     expect_dead: frozenset[str] = frozenset()
     """Event ids this run must end with dead-lettered (invariant 5), and only these."""
 
-    def produce(self, count: int = EVENTS, duplicates: int = 0) -> Produced:
+    def produce(self, count: int | None = None, duplicates: int = 0) -> Produced:
         """Write this run's events (ids ``<run>-<n>``), ``duplicates`` repeats mixed in."""
         self.produced = produce(
-            self.bootstrap, self.topic, count, self.partitions,
+            self.bootstrap, self.topic, events() if count is None else count, self.partitions,
             prefix=f"{self.group}-ev", duplicates=duplicates, rng=self.rng,
         )  # fmt: skip
         return self.produced
@@ -232,8 +242,8 @@ class Faults:
     def __init__(self, nodeid: str, tmp_path: Path) -> None:
         self.nodeid = nodeid
         self.tmp_path = tmp_path
-        self.runs = RUNS
-        self.events = EVENTS
+        self.runs = runs()
+        self.events = events()
 
     @contextmanager
     def run(
