@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,35 +12,17 @@ from kinbox.app import App
 from kinbox.config import Settings
 from kinbox.envelope import Record
 from kinbox.event import Event
-from kinbox.kafka import KafkaPublisher, KafkaTransport, read_topic
+from kinbox.kafka import read_topic
 from kinbox.runner import Runner
-from kinbox.store import PostgresInboxStore
+from tests.integration import inbox_support
 from tests.integration.inbox_support import Conn
 
 
 @contextmanager
 def running(app: App, config: Settings) -> Iterator[Runner]:
     """A real group member with a real dead-letter publisher, in a thread."""
-    store = PostgresInboxStore(config.database_url, schema=config.schema, consumer=config.group_id)
-    store.open()
-    runner = Runner(app, config, KafkaTransport(config), store, publisher=KafkaPublisher(config))
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            runner.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, name=f"runner-{config.group_id}", daemon=True)
-    thread.start()
-    try:
+    with inbox_support.running(app, config, dead_letters=True) as runner:
         yield runner
-    finally:
-        runner.stop()
-        thread.join(60)
-        assert not thread.is_alive(), "runner did not stop"
-        assert not errors, errors
 
 
 def effect_app(

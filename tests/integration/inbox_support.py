@@ -20,7 +20,7 @@ from psycopg import sql
 from kinbox.app import App
 from kinbox.config import Settings
 from kinbox.inbox_schema import INBOX
-from kinbox.kafka import KafkaTransport
+from kinbox.kafka import KafkaPublisher, KafkaTransport
 from kinbox.runner import Runner
 from kinbox.store import PostgresInboxStore, apply_migrations
 from tests.integration.inbox_app import make_app
@@ -124,11 +124,15 @@ def settings(bootstrap: str, database_url: str, group: str, schema: str, **kw: A
 
 
 @contextmanager
-def running(app: App, config: Settings) -> Iterator[Runner]:
-    """Run a real group member (real Kafka, real PostgreSQL) in a thread."""
+def running(app: App, config: Settings, *, dead_letters: bool = False) -> Iterator[Runner]:
+    """Run a real group member (real Kafka, real PostgreSQL) in a thread.
+
+    ``dead_letters`` gives it a real dead-letter publisher, as ``kinbox worker`` has.
+    """
     store = PostgresInboxStore(config.database_url, schema=config.schema, consumer=config.group_id)
     store.open()
-    runner = Runner(app, config, KafkaTransport(config), store)
+    publisher = KafkaPublisher(config) if dead_letters else None
+    runner = Runner(app, config, KafkaTransport(config), store, publisher=publisher)
     errors: list[BaseException] = []
 
     def target() -> None:
@@ -143,7 +147,7 @@ def running(app: App, config: Settings) -> Iterator[Runner]:
         yield runner
     finally:
         runner.stop()
-        thread.join(30)
+        thread.join(60)
         assert not thread.is_alive(), "runner did not stop"
         assert not errors, errors
 
