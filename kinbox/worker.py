@@ -36,8 +36,9 @@ EXIT_INTERRUPTED = 130
 def load_app(target: str) -> App:
     """Import ``pkg.module[:attr]`` and return its :class:`App`.
 
-    Without ``:attr``: the module's handlers on the default app (bare
-    ``@handler``), else the module's ``app`` attribute if it is an ``App``.
+    Without ``:attr``: the default app if the module registered bare
+    ``@handler`` functions on it; else the module's ``app`` attribute if it is
+    an ``App``; else the default app if modules it imported registered on it.
 
     Raises:
         ImportError: the module cannot be imported.
@@ -50,11 +51,16 @@ def load_app(target: str) -> App:
         if not isinstance(app, App):
             raise ConfigurationError(f"{target!r}: {attr!r} is not a kinbox App in {module_name}")
         return app
-    if default_app.routes:
+    routes = default_app.routes.values()
+    # The default app is process-wide: only the module's own bare handlers make
+    # it "this module's app" ahead of an explicit `app` attribute.
+    if any(getattr(route.fn, "__module__", None) == module_name for route in routes):
         return default_app
     candidate = getattr(module, "app", None)
     if isinstance(candidate, App):
         return candidate
+    if routes:
+        return default_app
     raise ConfigurationError(
         f"{target!r} registers no handlers: use @handler(...), or name the app as {module_name}:app"
     )

@@ -40,3 +40,27 @@ def test_worker_with_bad_setting_exits_with_config_code_and_hides_password() -> 
 def test_bad_x_option() -> None:
     result = CliRunner().invoke(main, ["worker", "tests.unit.sample_app:app", "-X", "novalue"])
     assert result.exit_code == 2
+
+
+def test_worker_target_names_a_module_or_a_module_and_its_app() -> None:
+    from kinbox.worker import load_app
+    from tests.unit import sample_app
+
+    assert load_app("tests.unit.sample_app:app") is sample_app.app
+    # Without ":app": the module's handlers on the default app if it has any,
+    # else the module's `app` attribute.
+    assert load_app("tests.unit.sample_app").topics == ["sample-topic"]
+
+
+def test_worker_target_that_is_not_an_app_is_a_configuration_error() -> None:
+    result = CliRunner().invoke(main, ["worker", "tests.unit.sample_app:handle"])
+    assert result.exit_code == EXIT_CONFIG, result.output
+    assert "not a kinbox App" in result.output
+
+
+def test_a_module_with_bare_handlers_runs_on_the_default_app() -> None:
+    from kinbox.app import default_app
+    from kinbox.worker import load_app
+
+    assert load_app("tests.unit.bare_app") is default_app
+    assert "bare-topic" in default_app.topics

@@ -1,0 +1,66 @@
+"""`kinbox outbox status` and `kinbox outbox cleanup` against the real server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from psycopg import sql
+
+from kinbox.devstack.stack import Stack
+from tests.integration.outbox_support import Conn, count, enqueue_many, migrate_outbox
+
+
+def _outbox(stack: Stack, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kinbox.cli", "outbox", *args,
+         "--database-url", stack.database_url, "--schema", schema],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_status_shows_backlog_and_parked_rows_and_cleanup_removes_only_old_sent(
+    stack: Stack, schema: str, db: Conn
+) -> None:
+    # Given 5 rows: 2 pending, 1 parked as dead after 10 tries, 2 sent (one of them 30 days ago)
+    migrate_outbox(db, schema)
+    enqueue_many(stack.database_url, schema, "orders", [(f"k{n}", n) for n in range(5)])
+    outbox = sql.Identifier(schema, "outbox")
+    ids = [r[0] for r in db.execute(sql.SQL("SELECT id FROM {} ORDER BY seq").format(outbox))]
+    db.execute(
+        sql.SQL(
+            "UPDATE {} SET status = 'dead', attempts = 10, last_error = 'MSG_SIZE_TOO_LARGE'"
+            " WHERE id = %s"
+        ).format(outbox),
+        (ids[2],),
+    )
+    db.execute(
+        sql.SQL(
+            "UPDATE {} SET status = 'sent', sent_at = now() - %s::interval WHERE id = %s"
+        ).format(outbox),
+        ("30 days", ids[3]),
+    )
+    db.execute(
+        sql.SQL("UPDATE {} SET status = 'sent', sent_at = now() WHERE id = %s").format(outbox),
+        (ids[4],),
+    )
+
+    # When the operator asks for the status
+    shown = _outbox(stack, schema, "status", "--json")
+    text = _outbox(stack, schema, "status")
+
+    # Then it counts each state and names the parked row with its error
+    assert shown.returncode == 0, shown.stderr
+    state = json.loads(shown.stdout)
+    assert (state["pending"], state["dead"], state["sent"]) == (2, 1, 2)
+    assert state["oldest_pending_seconds"] >= 0
+    assert [row["id"] for row in state["parked"]] == [str(ids[2])]
+    assert "MSG_SIZE_TOO_LARGE" in text.stdout and "dead (parked): 1" in text.stdout
+
+    # When cleanup runs with the default 7-day retention
+    cleaned = _outbox(stack, schema, "cleanup", "--batch-size", "1")
+    # Then only the old sent row is gone; pending, parked and recent rows stay
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert count(db, schema) == 4
+    assert count(db, schema, "status = 'sent'") == 1
