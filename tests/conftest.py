@@ -11,6 +11,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import psycopg
 import pytest
@@ -18,6 +19,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from psycopg import sql
 
+from kinbox.devstack.postgres import PostgresServer
 from kinbox.devstack.stack import Stack, local_stack
 from kinbox.errors import ServiceError
 
@@ -70,6 +72,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(line)
 
 
+def cannot_start(what: str, exc: ServiceError) -> NoReturn:
+    """A service a test needs did not start: a failure in CI, a skip elsewhere."""
+    if CI:
+        pytest.fail(f"{what} could not start (CI: a failure, not a skip):\n{exc}")
+    pytest.skip(f"{what} could not start: {exc}")
+
+
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
     """The running Kafka broker and PostgreSQL server (started here unless given external ones)."""
@@ -77,9 +86,7 @@ def stack() -> Iterator[Stack]:
         context = local_stack()
         running = context.__enter__()
     except ServiceError as exc:
-        if CI:
-            pytest.fail(f"the test stack could not start (CI: a failure, not a skip):\n{exc}")
-        pytest.skip(f"the test stack could not start: {exc}")
+        cannot_start("the test stack", exc)
     STACK_LINES.extend(running.describe().splitlines())
     try:
         yield running
@@ -120,3 +127,15 @@ def db(stack: Stack) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     """An autocommit connection to the test database."""
     with psycopg.connect(stack.database_url, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test module's own, which its tests may restart and disturb."""
+    server = PostgresServer()
+    try:
+        server.start()
+    except ServiceError as exc:
+        cannot_start("PostgreSQL", exc)
+    yield server
+    server.close()

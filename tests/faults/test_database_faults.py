@@ -10,31 +10,20 @@ invariant checks follow.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 
 from kinbox.devstack.postgres import PostgresServer
 from kinbox.devstack.stack import Stack
-from kinbox.errors import ServiceError
-from tests.conftest import CI
 from tests.faults.conftest import Faults
 from tests.support.faultproxy import FaultProxy
 
 
 @pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    """A PostgreSQL server these scenarios may restart and disturb."""
-    server = PostgresServer()
-    try:
-        server.start()
-    except ServiceError as exc:
-        if CI:
-            pytest.fail(f"PostgreSQL could not start (CI: a failure, not a skip):\n{exc}")
-        pytest.skip(f"PostgreSQL could not start: {exc}")
-    yield server
-    server.close()
+def postgres(own_postgres: PostgresServer) -> PostgresServer:
+    """A PostgreSQL server these tests may restart and disturb (not the shared one)."""
+    return own_postgres
 
 
 def _terminate_worker_transactions(database_url: str) -> int:

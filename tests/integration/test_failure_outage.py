@@ -11,16 +11,14 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 
 from kinbox.devstack.postgres import PostgresServer
 from kinbox.devstack.stack import Stack
-from kinbox.errors import ServiceError
 from kinbox.event import Event
-from tests.conftest import CI, MakeTopic
+from tests.conftest import MakeTopic
 from tests.integration.failure_support import effect_app, running
 from tests.integration.inbox_support import (
     assert_offsets_not_ahead,
@@ -35,16 +33,9 @@ N = 120
 
 
 @pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    try:
-        server.start()
-    except ServiceError as exc:
-        if CI:
-            pytest.fail(f"PostgreSQL could not start (CI: a failure, not a skip):\n{exc}")
-        pytest.skip(f"PostgreSQL could not start: {exc}")
-    yield server
-    server.close()
+def postgres(own_postgres: PostgresServer) -> PostgresServer:
+    """A PostgreSQL server these tests may restart and disturb (not the shared one)."""
+    return own_postgres
 
 
 def _count(url: str, schema: str) -> Counter[str]:
