@@ -67,17 +67,19 @@ class Report:
 
     def lines(self) -> list[str]:
         """The report as printed."""
-        return [
-            f"CompleteLesson committed (events in the outbox) {self.completions:>6}",
-            f"CompleteLesson rolled back (must publish none)  {self.rolled_back:>6}",
-            f"outbox rows published by the relay              {self.outbox_sent:>6}",
-            f"relay SIGKILLed after publish, before marking   {self.relay_killed!s:>6}",
-            f"duplicates re-published by hand (same event id) {self.duplicates_injected:>6}",
-            f"deliveries in {TOPIC} (incl. duplicates)      {self.deliveries:>6}",
-            f"handler applications                            {self.applied:>6}",
-            f"distinct events applied                         {self.distinct_applied:>6}",
-            f"events seen from rolled-back transactions       {self.events_of_rolled_back:>6}",
-            "exactly once: " + ("YES" if self.exactly_once else "NO"),
+        rows: list[tuple[str, object]] = [
+            ("CompleteLesson committed (events in the outbox)", self.completions),
+            ("CompleteLesson rolled back (must publish none)", self.rolled_back),
+            ("outbox rows published by the relay", self.outbox_sent),
+            ("relay SIGKILLed after publish, before marking", self.relay_killed),
+            ("duplicates re-published by hand (same event id)", self.duplicates_injected),
+            (f"deliveries in {TOPIC} (incl. duplicates)", self.deliveries),
+            ("handler applications", self.applied),
+            ("distinct events applied", self.distinct_applied),
+            ("events seen from rolled-back transactions", self.events_of_rolled_back),
+        ]
+        return [f"{label:<48} {value!s:>6}" for label, value in rows] + [
+            "exactly once: " + ("YES" if self.exactly_once else "NO")
         ]
 
 
