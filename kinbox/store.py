@@ -115,36 +115,32 @@ class PostgresInboxStore:
         # conflict, so two members that briefly own the same partition during
         # a rebalance still apply the event once. Never SELECT-then-INSERT:
         # that races.
-        self._claim = sql.SQL(
+        insert = (
             "INSERT INTO {}.processed_events"
             ' (consumer, event_id, status, topic, partition, "offset")'
             " SELECT %s, c.event_id, 'applied', c.topic, c.partition, c.off"
             " FROM unnest(%s::text[], %s::text[], %s::int[], %s::bigint[])"
             " AS c(event_id, topic, partition, off)"
-            " ON CONFLICT (consumer, event_id) DO NOTHING"
-            " RETURNING event_id"
-        ).format(sql.Identifier(self._schema))
+            " ON CONFLICT (consumer, event_id) "
+        )
+        table = sql.Identifier(self._schema)
+        self._claim = sql.SQL(insert + "DO NOTHING RETURNING event_id").format(table)
         # The same claim for replayed records, except that a dead-lettered row
         # may be taken over: the row lock the UPDATE takes serialises two
         # deliveries of the replay exactly like the INSERT does, and an
         # applied row never matches the WHERE, so a replay applies at most once.
         self._reclaim = sql.SQL(
-            "INSERT INTO {}.processed_events"
-            ' (consumer, event_id, status, topic, partition, "offset")'
-            " SELECT %s, c.event_id, 'applied', c.topic, c.partition, c.off"
-            " FROM unnest(%s::text[], %s::text[], %s::int[], %s::bigint[])"
-            " AS c(event_id, topic, partition, off)"
-            " ON CONFLICT (consumer, event_id) DO UPDATE SET status = 'applied',"
+            insert + "DO UPDATE SET status = 'applied',"
             ' topic = EXCLUDED.topic, partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
             " processed_at = now(), reason = NULL"
             " WHERE processed_events.status = 'dead_lettered'"
             " RETURNING event_id"
-        ).format(sql.Identifier(self._schema))
+        ).format(table)
         # Runs only on a row this transaction just claimed, so it always finds it.
         self._dead_letter = sql.SQL(
             "UPDATE {}.processed_events SET status = 'dead_lettered', reason = %s"
             " WHERE consumer = %s AND event_id = %s"
-        ).format(sql.Identifier(self._schema))
+        ).format(table)
 
     def open(self, timeout: float = 30.0) -> None:
         """Open the pool and check that ``kinbox migrate`` has run.
