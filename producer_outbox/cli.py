@@ -309,6 +309,13 @@ def cleanup(
     "--cdc prints it as KINBOX_CONNECT_URL) and wait until it runs; also makes the outbox "
     "refuse bytes payloads.",
 )
+@click.option(
+    "--database-address",
+    default=None,
+    metavar="HOST[:PORT]",
+    help="PostgreSQL's address as Kafka Connect reaches it, if not the URL's "
+    "(Connect in a container: postgres:5432).",
+)
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds.")
 def debezium_config(
     database_url: str,
@@ -320,6 +327,7 @@ def debezium_config(
     heartbeat_ms: int,
     header_columns: tuple[str, ...],
     connect_url: str | None,
+    database_address: str | None,
     timeout: float,
 ) -> None:
     """Print (or --register) the Debezium connector for this outbox (CDC instead of the relay).
@@ -341,6 +349,7 @@ def debezium_config(
         publication=publication,
         heartbeat_ms=heartbeat_ms,
         header_columns=extra,
+        database_address=database_address,
     )
     connector = connector_config(database_url, schema, settings)
     if connect_url is None:

@@ -81,6 +81,8 @@ class DebeziumSettings:
             creates it (``filtered``) when missing.
         heartbeat_ms: how often the heartbeat runs (0: never).
         header_columns: extra ``column → header`` pairs (see :data:`HEADER_COLUMNS`).
+        database_address: ``host[:port]`` of PostgreSQL as Connect reaches it,
+            when that differs from the URL's (Connect in a container, say).
     """
 
     name: str = "kinbox-outbox"
@@ -89,6 +91,7 @@ class DebeziumSettings:
     publication: str | None = None
     heartbeat_ms: int = 10_000
     header_columns: Mapping[str, str] = field(default_factory=dict)
+    database_address: str | None = None
 
     def validate(self) -> DebeziumSettings:
         """Return ``self`` if every value is usable; raise :class:`ConfigurationError` if not."""
@@ -134,6 +137,10 @@ def connector_config(
         parts = conninfo_to_dict(database_url)
     except psycopg.ProgrammingError as exc:
         raise ConfigurationError(f"database_url is not a valid conninfo: {exc}") from None
+    host, port = str(parts.get("host", "localhost")), str(parts.get("port", "5432"))
+    if settings.database_address:
+        host, _, given_port = settings.database_address.partition(":")
+        port = given_port or "5432"
     table = f"{schema}.outbox"
     headers = {"id": "event-id", **HEADER_COLUMNS, **settings.header_columns}
     placement = [f"{column}:header:{header}" for column, header in headers.items()]
@@ -142,8 +149,8 @@ def connector_config(
         "connector.class": CONNECTOR_CLASS,
         "tasks.max": "1",  # one slot is read by one task; more would not help
         "plugin.name": "pgoutput",
-        "database.hostname": str(parts.get("host", "localhost")),
-        "database.port": str(parts.get("port", "5432")),
+        "database.hostname": host,
+        "database.port": port,
         "database.user": str(parts.get("user", "postgres")),
         "database.dbname": str(parts.get("dbname", "postgres")),
         "topic.prefix": settings.topic_prefix,

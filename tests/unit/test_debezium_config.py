@@ -170,3 +170,9 @@ def test_wait_running_times_out() -> None:
 def test_connect_url_must_be_http() -> None:
     with pytest.raises(ConnectorError, match="http"):
         ConnectClient("127.0.0.1:8083")
+
+
+def test_database_address_as_connect_sees_it() -> None:
+    c = config(database_address="postgres")
+    assert (c["database.hostname"], c["database.port"]) == ("postgres", "5432")
+    assert config()["database.hostname"] == "db" and config()["database.port"] == "5433"
