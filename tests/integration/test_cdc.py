@@ -292,6 +292,13 @@ def test_slot_retains_wal_while_connect_is_down_and_status_warns(
         )
         assert result.exit_code == RET_WARNING, result.output
         assert cdc.slot in result.output and "INACTIVE" in result.output
+        table = CliRunner().invoke(
+            outbox,
+            ["status", "--slot-warn-bytes", str(threshold)],
+            env={"KINBOX_DATABASE_URL": stack.database_url, "KINBOX_SCHEMA": schema},
+        )
+        assert table.exit_code == RET_WARNING, table.output
+        assert f"WARNING: replication slot {cdc.slot!r} holds back" in table.output
         # ... and nothing written meanwhile is lost once the worker is back
         connect.start()
         cdc.wait_running()
