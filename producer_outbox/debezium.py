@@ -164,10 +164,12 @@ def connector_config(
         # an outbox is a stream of new events, not a table to copy.
         "snapshot.mode": "no_data",
         "tombstones.on.delete": "false",
-        # With nothing queued, Debezium's task waits this long before looking
-        # again (default 500 ms): the floor of commit-to-Kafka latency on a
-        # quiet outbox. 50 ms keeps a quiet connector cheap and events prompt.
-        "poll.interval.ms": "50",
+        # With nothing queued, Debezium waits this long before looking again
+        # (default 500 ms), which sets commit-to-consumer latency on a quiet
+        # outbox: measured p50 393 ms at 500, 54 ms at 50, 17 ms at 10. An idle
+        # wake-up every 10 ms costs nothing worth saving; under load the queue
+        # is never empty and this never applies.
+        "poll.interval.ms": "10",
         # Debezium's own context headers (__debezium.context.*) are not events' headers.
         "extended.headers.enabled": "false",
         "key.converter": "org.apache.kafka.connect.storage.StringConverter",
