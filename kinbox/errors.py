@@ -10,6 +10,7 @@
     │   └── SchemaError                                kinbox tables missing or too old
     ├── TransportError                                 from KafkaException; .retriable
     ├── ServiceError                                   a local dev service failed to start
+    ├── ConnectorError                                 Kafka Connect refused or failed a connector
     ├── FailpointError                                 a crash test's ``raise`` failpoint fired
     │                                                  (in producer_outbox.failpoints: test only)
     └── (control flow, never logged as errors)
@@ -93,6 +94,13 @@ class TransportError(KinboxError):
 
 class ServiceError(KinboxError):
     """A local service (Kafka broker, PostgreSQL server) could not be started or reached."""
+
+
+class ConnectorError(KinboxError):
+    """Kafka Connect refused a connector configuration, or the connector or its task failed.
+
+    The message carries Connect's own error (the first lines of a task's trace).
+    """
 
 
 class Retry(KinboxError):

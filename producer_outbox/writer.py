@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 from kinbox.errors import ConfigurationError, PayloadError, StoreError
 from kinbox.names import sql_identifier, topic_name
+from producer_outbox.debezium import CDC_CONSTRAINT
 from producer_outbox.schema import notify_channel
 
 #: Header names the relay sets itself; a stored header may not shadow them.
@@ -95,7 +96,8 @@ def enqueue(
         conn: the caller's connection or cursor, inside its transaction.
         topic: the Kafka topic to publish to.
         payload: a JSON-serialisable object (published as UTF-8 JSON text) or
-            ``bytes`` (published unchanged).
+            ``bytes`` (published unchanged; relay only: an outbox published by
+            Debezium refuses them with :class:`PayloadError`).
         key: the partition key (Kafka record key); ``None`` for no key and no
             ordering between such events.
         headers: extra record headers, text only.
@@ -106,7 +108,8 @@ def enqueue(
 
     Raises:
         ConfigurationError: bad topic, schema, key or reserved header name.
-        PayloadError: the payload or a header cannot be serialised.
+        PayloadError: the payload or a header cannot be serialised, or the
+            payload is bytes and the outbox is published by CDC.
         StoreError: the INSERT failed (for instance, the outbox table is missing).
     """
     topic_name(topic)
@@ -144,6 +147,17 @@ def enqueue(
     )
     try:
         conn.execute(statement, params)
+    except psycopg.errors.CheckViolation as exc:
+        if exc.diag.constraint_name != CDC_CONSTRAINT:
+            raise StoreError(
+                f"cannot enqueue event {event_id} for topic {topic!r} in schema {schema!r}: {exc}",
+                transient=False,
+            ) from exc
+        raise PayloadError(
+            f"cannot enqueue event {event_id} for topic {topic!r}: the outbox in schema "
+            f"{schema!r} is published by Debezium (CDC), which routes JSON payloads only; "
+            "bytes payloads need the relay (see `kinbox outbox debezium-config`)"
+        ) from exc
     except psycopg.Error as exc:
         raise StoreError(
             f"cannot enqueue event {event_id} for topic {topic!r} in schema {schema!r}: {exc}",

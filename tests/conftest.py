@@ -2,7 +2,10 @@
 
 ``stack`` starts both once per test session (integration and fault tests share
 them); every test gets its own topics (``make_topic``) and its own schema
-(``schema``), so tests never see each other's rows or records.
+(``schema``), so tests never see each other's rows or records. The CDC tests
+(``test_cdc*.py``, marked ``cdc`` too) add a Kafka Connect worker with Debezium
+(``connect``), started once per test module against the same broker; the
+shared PostgreSQL server runs with ``wal_level=logical`` for them.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from psycopg import sql
 
+from kinbox.devstack.connect import KafkaConnect
 from kinbox.devstack.postgres import PostgresServer
-from kinbox.devstack.stack import Stack, local_stack
+from kinbox.devstack.stack import Stack, local_stack, start_connect
 from kinbox.errors import ServiceError
 
 CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -30,6 +34,9 @@ _ROOT = Path(__file__).parent
 
 STACK_LINES: list[str] = []
 """What the integration fixtures started (versions, pids, addresses), printed at the end."""
+
+REPORT_LINES: list[str] = []
+"""Figures tests report (duplicates suppressed, ...), printed at the end of the run."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -52,6 +59,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         parts = Path(str(item.fspath)).relative_to(_ROOT).parts
         if parts and parts[0] in {"unit", "integration", "faults", "examples"}:
             item.add_marker(parts[0] if parts[0] != "examples" else "integration")
+        if parts and parts[-1].startswith("test_cdc"):
+            item.add_marker("cdc")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -69,6 +78,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if STACK_LINES:
         terminalreporter.section("kinbox stack")
         for line in STACK_LINES:
+            terminalreporter.write_line(line)
+    if REPORT_LINES:
+        terminalreporter.section("kinbox reports")
+        for line in REPORT_LINES:
             terminalreporter.write_line(line)
 
 
@@ -127,6 +140,21 @@ def db(stack: Stack) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     """An autocommit connection to the test database."""
     with psycopg.connect(stack.database_url, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture(scope="module")
+def connect(stack: Stack) -> Iterator[KafkaConnect]:
+    """A Kafka Connect worker (distributed) with Debezium, on the session's broker, per module."""
+    try:
+        worker = start_connect(stack.bootstrap_servers)
+    except ServiceError as exc:
+        cannot_start("Kafka Connect", exc)
+    STACK_LINES.append(
+        f"Kafka Connect {worker.version} with Debezium {worker.debezium_version} "
+        f"at {worker.rest_url} (pid {worker.pid})"
+    )
+    yield worker
+    worker.close()
 
 
 @pytest.fixture(scope="module")

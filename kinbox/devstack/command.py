@@ -22,12 +22,18 @@ READY_LINE = "kinbox dev: ready"
     show_default=True,
     help="Durable PostgreSQL commits (slower; what a benchmark should measure).",
 )
-def dev(fsync: bool) -> None:
+@click.option(
+    "--cdc",
+    is_flag=True,
+    help="Also run Kafka Connect (distributed) with Debezium's PostgreSQL connector "
+    "and print its REST address (register with `kinbox outbox debezium-config --register`).",
+)
+def dev(fsync: bool, cdc: bool) -> None:
     """Run a throwaway local Kafka broker and PostgreSQL server until Ctrl-C.
 
     The first start downloads the broker's jars from Maven Central (cached
-    under ~/.cache/kinbox). Everything else lives in temporary directories
-    that are removed on exit.
+    under ~/.cache/kinbox), and with --cdc those of Kafka Connect and Debezium.
+    Everything else lives in temporary directories that are removed on exit.
     """
     stopping = threading.Event()
 
@@ -36,13 +42,16 @@ def dev(fsync: bool) -> None:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    click.echo("kinbox dev: starting Kafka and PostgreSQL ...", err=True)
+    services = "Kafka, PostgreSQL and Kafka Connect" if cdc else "Kafka and PostgreSQL"
+    click.echo(f"kinbox dev: starting {services} ...", err=True)
     try:
-        with local_stack(fsync=fsync, use_external=False) as stack:
+        with local_stack(fsync=fsync, use_external=False, cdc=cdc) as stack:
             click.echo(stack.describe(), err=True)
             click.echo(f"export KINBOX_BOOTSTRAP_SERVERS={stack.bootstrap_servers}")
             click.echo(f"export KINBOX_DATABASE_URL={stack.database_url}")
-            click.echo(f"{READY_LINE} (Ctrl-C stops both and removes their data)", err=True)
+            if stack.connect_url:
+                click.echo(f"export KINBOX_CONNECT_URL={stack.connect_url}")
+            click.echo(f"{READY_LINE} (Ctrl-C stops all and removes their data)", err=True)
             while not stopping.wait(1.0):
                 pass
             click.echo("kinbox dev: stopping ...", err=True)

@@ -22,8 +22,10 @@ from kinbox.errors import ServiceError
 KAFKA_VERSION = "4.1.1"
 """The broker version the local stack runs (override with ``KINBOX_KAFKA_VERSION``)."""
 
-_LOG4J_VERSION = "2.25.3"
-_SLF4J_VERSION = "2.0.17"
+LOG4J_VERSION = "2.25.3"
+"""log4j2, the SLF4J binding Kafka's distributions ship (the broker and Connect)."""
+SLF4J_VERSION = "2.0.17"
+"""SLF4J 2, which Kafka 4 logs through."""
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -79,30 +81,43 @@ def broker_classpath() -> tuple[str, str]:
 
 
 def resolve_jars(version: str) -> Path:
-    """Download the broker's runtime jars for ``version`` once; return their folder.
+    """Download the broker's runtime jars for ``version`` once; return their folder."""
+    pom = _POM.format(kafka=version, log4j=LOG4J_VERSION, slf4j=SLF4J_VERSION)
+    return resolve_maven(
+        cache_root() / f"kafka-{version}",
+        pom,
+        expect="kafka_2.13-*.jar",
+        what=f"org.apache.kafka:kafka_2.13:{version}",
+        hint="or set KAFKA_HOME to a Kafka distribution, or KINBOX_TEST_BOOTSTRAP to a broker",
+    )
+
+
+def resolve_maven(root: Path, pom: str, *, expect: str, what: str, hint: str = "") -> Path:
+    """Copy the runtime dependencies of ``pom`` into ``root/libs`` once; return that folder.
 
     Concurrent callers (a test run and ``kinbox dev``) serialise on a lock
     file; a half-finished download is never used because the folder is only
-    renamed into place when ``mvn`` succeeded.
+    renamed into place when ``mvn`` succeeded and a jar matching ``expect``
+    is there.
+
+    Raises:
+        ServiceError: ``mvn`` is missing or failed (its output's tail is quoted).
     """
-    root = cache_root() / f"kafka-{version}"
     libs = root / "libs"
     if libs.is_dir():
         return libs
     mvn = shutil.which("mvn")
     if mvn is None:
         raise ServiceError(
-            "Apache Kafka's jars are not cached yet and `mvn` is not on PATH: install Maven, "
-            "or set KAFKA_HOME to a Kafka distribution, or KINBOX_TEST_BOOTSTRAP to a broker"
+            f"the jars of {what} are not cached yet and `mvn` is not on PATH: install Maven"
+            + (f", {hint}" if hint else "")
         )
     root.mkdir(parents=True, exist_ok=True)
     with (root / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if libs.is_dir():  # another process finished it while we waited
             return libs
-        (root / "pom.xml").write_text(
-            _POM.format(kafka=version, log4j=_LOG4J_VERSION, slf4j=_SLF4J_VERSION)
-        )
+        (root / "pom.xml").write_text(pom)
         staging = root / "libs.partial"
         shutil.rmtree(staging, ignore_errors=True)
         result = subprocess.run(
@@ -110,11 +125,10 @@ def resolve_jars(version: str) -> Path:
              "-DincludeScope=runtime", f"-DoutputDirectory={staging}"],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
-        if result.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
+        if result.returncode != 0 or not any(staging.glob(expect)):
             tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
             raise ServiceError(
-                f"could not resolve org.apache.kafka:kafka_2.13:{version} with mvn "
-                f"(exit {result.returncode}):\n{tail}"
+                f"could not resolve {what} with mvn (exit {result.returncode}):\n{tail}"
             )
         staging.rename(libs)
     return libs

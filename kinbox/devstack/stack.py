@@ -3,7 +3,9 @@
 Each half is either started here (a :class:`KafkaBroker`, a
 :class:`PostgresServer`) or taken from the environment when the user points at
 existing services: ``KINBOX_TEST_BOOTSTRAP`` for Kafka, ``KINBOX_TEST_DATABASE_URL``
-for PostgreSQL.
+for PostgreSQL. With ``cdc=True`` a Kafka Connect worker with Debezium's
+PostgreSQL connector (:class:`KafkaConnect`) joins them; it always runs here,
+against whichever broker the stack uses.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
+from kinbox.devstack.connect import KafkaConnect
 from kinbox.devstack.kafka import KafkaBroker
 from kinbox.devstack.postgres import PostgresServer
 
@@ -28,6 +31,12 @@ class Stack:
     database_url: str
     kafka: KafkaBroker | None
     postgres: PostgresServer | None
+    connect: KafkaConnect | None = None
+
+    @property
+    def connect_url(self) -> str:
+        """Kafka Connect's REST address (empty unless started with ``cdc=True``)."""
+        return self.connect.rest_url if self.connect is not None else ""
 
     def describe(self) -> str:
         """One line per service: what runs, which version, where."""
@@ -45,16 +54,25 @@ class Stack:
             )
         else:
             postgres = f"PostgreSQL at {self.database_url} (external, {EXTERNAL_DATABASE_ENV})"
-        return f"{kafka}\n{postgres}"
+        lines = [kafka, postgres]
+        if self.connect is not None:
+            lines.append(
+                f"Kafka Connect {self.connect.version} (distributed, pid {self.connect.pid}) with "
+                f"Debezium {self.connect.debezium_version} at {self.connect.rest_url}"
+            )
+        return "\n".join(lines)
 
 
 @contextmanager
-def local_stack(*, fsync: bool = False, use_external: bool = True) -> Iterator[Stack]:
+def local_stack(
+    *, fsync: bool = False, use_external: bool = True, cdc: bool = False
+) -> Iterator[Stack]:
     """Start (or find) Kafka and PostgreSQL; stop what was started on exit, even on errors.
 
     Args:
         fsync: durable PostgreSQL commits (benchmarks want this; tests do not).
         use_external: honour ``KINBOX_TEST_BOOTSTRAP`` / ``KINBOX_TEST_DATABASE_URL``.
+        cdc: also start Kafka Connect with Debezium (stopped first on exit).
     """
     external_kafka = os.environ.get(EXTERNAL_KAFKA_ENV) if use_external else None
     external_db = os.environ.get(EXTERNAL_DATABASE_ENV) if use_external else None
@@ -69,9 +87,26 @@ def local_stack(*, fsync: bool = False, use_external: bool = True) -> Iterator[S
             kafka = KafkaBroker()
             cleanup.callback(kafka.close)
             kafka.start()
+        bootstrap_servers = external_kafka or (kafka.bootstrap_servers if kafka else "")
+        connect: KafkaConnect | None = None
+        if cdc:
+            connect = start_connect(bootstrap_servers)
+            cleanup.callback(connect.close)  # callbacks run in reverse: Connect goes first
         yield Stack(
-            bootstrap_servers=external_kafka or (kafka.bootstrap_servers if kafka else ""),
+            bootstrap_servers=bootstrap_servers,
             database_url=external_db or (postgres.url if postgres else ""),
             kafka=kafka,
             postgres=postgres,
+            connect=connect,
         )
+
+
+def start_connect(bootstrap_servers: str) -> KafkaConnect:
+    """Start a Kafka Connect worker against ``bootstrap_servers``; close it if it cannot start."""
+    connect = KafkaConnect(bootstrap_servers)
+    try:
+        connect.start()
+    except BaseException:
+        connect.close()
+        raise
+    return connect

@@ -61,9 +61,18 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "
 
 
 def consume(
-    stack: Stack, topic: str, expected: int, *, timeout: float = 60.0, linger: float = 1.0
+    stack: Stack,
+    topic: str,
+    expected: int,
+    *,
+    timeout: float = 60.0,
+    linger: float = 1.0,
+    keep: Callable[[Received], bool] = lambda _record: True,
 ) -> list[Received]:
-    """Read ``topic`` from the start until ``expected`` records came (and ``linger`` s more)."""
+    """Read ``topic`` from the start until ``expected`` records came (and ``linger`` s more).
+
+    ``keep`` selects the records that count (and are returned), for a shared topic.
+    """
     consumer = Consumer(
         {
             "bootstrap.servers": stack.bootstrap_servers,
@@ -90,16 +99,16 @@ def consume(
                 for name, value in pairs
             }
             key = message.key()
-            received.append(
-                Received(
-                    key=key.decode() if isinstance(key, bytes) else key,
-                    value=bytes(message.value() or b""),
-                    event_id=(headers.get("event-id") or b"").decode(),
-                    headers=headers,
-                    partition=message.partition() or 0,
-                    offset=message.offset() or 0,
-                )
+            record = Received(
+                key=key.decode() if isinstance(key, bytes) else key,
+                value=bytes(message.value() or b""),
+                event_id=(headers.get("event-id") or b"").decode(),
+                headers=headers,
+                partition=message.partition() or 0,
+                offset=message.offset() or 0,
             )
+            if keep(record):
+                received.append(record)
             if len(received) >= expected and extra_until is None:
                 extra_until = time.monotonic() + linger
     finally:

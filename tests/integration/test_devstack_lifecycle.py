@@ -33,10 +33,13 @@ def _children(pid: int) -> list[int]:
 
 
 @contextmanager
-def running_dev() -> Iterator[tuple[subprocess.Popen[str], dict[str, str]]]:
-    """Start `kinbox dev`, wait for its ready line, yield it with the addresses it printed."""
+def running_dev(*args: str) -> Iterator[tuple[subprocess.Popen[str], dict[str, str]]]:
+    """Start `kinbox dev ARGS`, wait for its ready line, yield it with the addresses it printed."""
+    expected = {"KINBOX_BOOTSTRAP_SERVERS", "KINBOX_DATABASE_URL"}
+    if "--cdc" in args:
+        expected.add("KINBOX_CONNECT_URL")
     with subprocess.Popen(
-        [sys.executable, "-m", "kinbox.devstack"],
+        [sys.executable, "-m", "kinbox.devstack", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -44,7 +47,7 @@ def running_dev() -> Iterator[tuple[subprocess.Popen[str], dict[str, str]]]:
         try:
             assert process.stdout is not None and process.stderr is not None
             env: dict[str, str] = {}
-            while len(env) < 2:
+            while len(env) < len(expected):
                 key, _, value = (
                     process.stdout.readline().removeprefix("export ").strip().partition("=")
                 )
@@ -52,7 +55,7 @@ def running_dev() -> Iterator[tuple[subprocess.Popen[str], dict[str, str]]]:
                 env[key] = value
             while not process.stderr.readline().startswith(READY_LINE):
                 assert process.poll() is None, "kinbox dev exited before it was ready"
-            assert set(env) == {"KINBOX_BOOTSTRAP_SERVERS", "KINBOX_DATABASE_URL"}, env
+            assert set(env) == expected, env
             yield process, env
         finally:
             if process.poll() is None:

@@ -15,6 +15,14 @@ def test_every_command_has_help(command: str) -> None:
     assert "--database-url" in result.output
 
 
+def test_status_refuses_a_size_that_is_not_one() -> None:
+    result = CliRunner().invoke(
+        outbox, ["status", "--database-url", "postgresql://x/y", "--slot-warn-bytes", "lots"]
+    )
+    assert result.exit_code == 2
+    assert "not a size" in result.output
+
+
 def test_debezium_config_matches_the_table_and_hides_the_password() -> None:
     result = CliRunner().invoke(
         outbox,
@@ -25,7 +33,9 @@ def test_debezium_config_matches_the_table_and_hides_the_password() -> None:
     assert "s3cret" not in result.output
     config = json.loads(result.output)["config"]
     assert config["transforms.outbox.type"] == "io.debezium.transforms.outbox.EventRouter"
-    assert config["table.include.list"] == "app_kinbox.outbox"
+    # A regex in Debezium: the dot is escaped, so no other table can match.
+    assert config["table.include.list"] == r"app_kinbox\.outbox"
+    assert config["database.password"] == "${env:KINBOX_DEBEZIUM_DATABASE_PASSWORD}"
     assert config["database.hostname"] == "db.example" and config["database.port"] == "6543"
     assert config["transforms.outbox.table.field.event.id"] == "id"
     assert config["transforms.outbox.table.field.event.key"] == "aggregateid"
