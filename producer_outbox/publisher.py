@@ -17,7 +17,7 @@ from typing import Protocol
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kinbox.errors import ConfigurationError
-from kinbox.kafka.errors import create_client, describe, fatal_error, is_fatal
+from kinbox.kafka.errors import broken, create_client, describe, is_fatal
 from producer_outbox.records import Record
 
 _Callback = Callable[[KafkaError | None, Message], None]
@@ -44,6 +44,8 @@ _OUTAGE_CODES = frozenset(
         KafkaError._TIMED_OUT,
         KafkaError.REQUEST_TIMED_OUT,
         KafkaError._PURGE_QUEUE,
+        # Purged in flight: only ever by the relay itself, from a producer that went fatal.
+        KafkaError._PURGE_INFLIGHT,
     }
 )
 
@@ -97,13 +99,36 @@ def _outcome(error: KafkaError) -> Outcome:
 
 
 class _Fatal:
-    """The first fatal error met while publishing one batch, if any."""
+    """Why the producer became unusable while publishing one batch, if it did."""
 
     reason: str | None = None
 
     def saw(self, error: KafkaError) -> None:
+        self.because(describe(error))
+
+    def because(self, reason: str) -> None:
         if self.reason is None:
-            self.reason = describe(error)
+            self.reason = reason
+
+
+_PENDING = object()
+"""No delivery report yet."""
+
+
+_CASUALTIES = frozenset({KafkaError._FATAL, KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+"""Report codes of records that failed only because their producer went fatal."""
+
+
+def _reported(report: object, missing: Outcome, fatal: bool) -> Outcome:
+    """The outcome a delivery report says; ``missing`` when there was none to say more."""
+    if report is _PENDING:
+        return missing
+    if report is None:
+        return ACKED
+    assert isinstance(report, KafkaError)
+    if fatal and report.code() in _CASUALTIES:
+        return missing  # it names the fatal error, which is the real reason
+    return _outcome(report)
 
 
 class KafkaPublisher:
@@ -138,17 +163,16 @@ class KafkaPublisher:
 
     def publish(self, records: Sequence[Record]) -> list[Outcome]:
         """Produce every record, flush, and return each delivery report's outcome."""
+        # Set at once: refused by produce(), or held back behind its key.
         outcomes: list[Outcome | None] = [None] * len(records)
+        reports: list[object] = [_PENDING] * len(records)
         fatal = _Fatal()
 
         def report(index: int) -> _Callback:
             def on_delivery(error: KafkaError | None, _message: Message) -> None:
-                if error is None:
-                    outcomes[index] = ACKED
-                else:
-                    if is_fatal(error):
-                        fatal.saw(error)
-                    outcomes[index] = _outcome(error)
+                # Only store it: after a fatal error the binding may run this
+                # with that exception pending, when any call on `error` fails.
+                reports[index] = error
 
             return on_delivery
 
@@ -166,16 +190,23 @@ class KafkaPublisher:
             refused = outcomes[index]  # set already only when produce() refused it
             if record.key is not None and refused is not None and not refused.ok:
                 failed_keys.add((record.topic, record.key))
+
+        def waiting() -> bool:
+            return any(o is None and r is _PENDING for o, r in zip(outcomes, reports, strict=True))
+
         deadline = time.monotonic() + self._flush_timeout
-        while (
-            fatal.reason is None
-            and any(o is None for o in outcomes)
-            and time.monotonic() < deadline
-        ):
+        while fatal.reason is None and waiting() and time.monotonic() < deadline:
             self._serve(fatal, lambda: self._producer.flush(min(1.0, deadline - time.monotonic())))
+        if fatal.reason is None and any(isinstance(r, KafkaError) for r in reports):
+            # A refusal can make the producer fatal (enable.gapless.guarantee):
+            # serve its error event now, not in the next batch's produce().
+            self._serve(fatal, lambda: self._producer.poll(0))
+        for error in reports:
+            if isinstance(error, KafkaError) and is_fatal(error):
+                fatal.saw(error)  # a report that carries only the code _FATAL
         if fatal.reason is not None:
-            self._replace(fatal.reason)
-        elif any(o is None for o in outcomes):
+            self._replace(fatal.reason, waiting)
+        elif waiting():
             # Should not happen (message.timeout.ms bounds every record); drop what
             # is still queued so it cannot go out after a retry of the same row.
             self._producer.purge(in_queue=True, in_flight=False)
@@ -185,7 +216,12 @@ class KafkaPublisher:
             if fatal.reason is not None
             else Outcome("no delivery report in time", outage=True)
         )
-        return [o if o is not None else missing for o in outcomes]
+        return [
+            outcome
+            if outcome is not None
+            else _reported(reports[index], missing, fatal.reason is not None)
+            for index, outcome in enumerate(outcomes)
+        ]
 
     def _produce(
         self,
@@ -222,17 +258,18 @@ class KafkaPublisher:
             call()
         except (KafkaException, SystemError) as exc:
             # SystemError: a delivery report ran with the fatal error pending.
-            error = fatal_error(exc)
-            if error is None:
+            reason = broken(exc)
+            if reason is None:
                 raise
-            fatal.saw(error)
+            fatal.because(reason)
             return False
         return True
 
     def _create(self) -> Producer:
         return create_client(self._factory, self._config, "the outbox relay's producer")
 
-    def _replace(self, reason: str) -> None:
+    def _replace(self, reason: str, waiting: Callable[[], bool]) -> None:
+        """Collect what the failed producer still has to report, then use a new one."""
         log.error(
             "fatal Kafka producer error (%s); records not acknowledged are retried, never "
             "parked for it; creating a new producer",
@@ -245,6 +282,14 @@ class KafkaPublisher:
             old.purge(in_queue=True, in_flight=True, blocking=False)
         except (KafkaException, SystemError) as exc:
             log.debug("purging the failed producer: %s", exc)
+        # The fatal error stopped the poll that raised it: the reports it had
+        # not served yet (a record's own refusal, the purged ones) come now.
+        deadline = time.monotonic() + 1.0
+        while waiting() and time.monotonic() < deadline:
+            try:
+                old.poll(0.1)
+            except (KafkaException, SystemError) as exc:  # it is broken: best effort
+                log.debug("draining the failed producer: %s", exc)
 
     def close(self) -> None:
         """Flush what is left and drop the producer."""

@@ -28,7 +28,7 @@ from confluent_kafka import (
 from kinbox.config import Settings
 from kinbox.envelope import Record
 from kinbox.errors import FatalTransportError
-from kinbox.kafka.errors import create_client, describe, fatal_error, is_fatal, translate
+from kinbox.kafka.errors import broken, create_client, describe, is_fatal, translate
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +153,7 @@ class KafkaTransport:
         except KafkaException as exc:
             raise translate("consuming", exc) from exc
         except SystemError as exc:
-            fatal = fatal_error(exc)
-            if fatal is None:
-                raise
-            raise FatalTransportError(f"consuming: {describe(fatal)}") from exc
+            raise FatalTransportError(f"consuming: {broken(exc)}") from exc
         records = []
         for msg in messages:
             err = msg.error()

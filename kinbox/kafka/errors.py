@@ -20,12 +20,16 @@ one of them says ``fatal()``:
   ``error_cb``: it asks librdkafka for the underlying error and raises it as
   a ``KafkaException`` whose error has ``fatal()`` true and the real code.
 - If that call then runs a Python callback (a delivery report) with the
-  exception pending, the call raises ``SystemError`` instead, with the
-  fatal ``KafkaException`` as its ``__cause__`` (seen with confluent-kafka
-  2.16).
+  exception pending, the call raises ``SystemError`` instead: with the
+  fatal ``KafkaException`` as its ``__cause__``, or, as seen as well with
+  confluent-kafka 2.16, "returned NULL without setting an exception" and no
+  cause at all. Either way the binding lost track of its own state, so a
+  ``SystemError`` from a client call counts as a fatally broken client too.
 
-:func:`is_fatal` and :func:`fatal_error` recognise all three; nothing else
-in kinbox or producer_outbox decides what is fatal. An ``error_cb`` would add
+:func:`is_fatal`, :func:`fatal_error` and :func:`broken` recognise all of
+these; nothing else in kinbox or producer_outbox decides what is fatal.
+Callbacks given to the binding only store what they are handed: with that
+exception pending, any call on the error or the message would fail. An ``error_cb`` would add
 nothing here: the binding never hands it the fatal error, and librdkafka
 logs the underlying reason through the ``logger`` the clients are given.
 
@@ -79,6 +83,20 @@ def fatal_error(exc: BaseException | None) -> KafkaError | None:
             if isinstance(err, KafkaError) and is_fatal(err):
                 return err
         exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def broken(exc: BaseException) -> str | None:
+    """Why ``exc``, raised by a client call, means that client is unusable; ``None`` if not.
+
+    A fatal error anywhere in its chain (its reason), or a ``SystemError``
+    from the binding (see the module doc).
+    """
+    err = fatal_error(exc)
+    if err is not None:
+        return describe(err)
+    if isinstance(exc, SystemError):
+        return f"the confluent-kafka binding failed after a client error: {exc}"
     return None
 
 

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kinbox.config import Settings
 from kinbox.errors import TransportError
-from kinbox.kafka.errors import create_client, describe, fatal_error, is_fatal, translate
+from kinbox.kafka.errors import broken, create_client, describe, is_fatal, translate
 
 log = logging.getLogger(__name__)
 
@@ -70,18 +70,23 @@ def producer_config(settings: Settings) -> dict[str, Any]:
 
 
 class _Reports:
-    """Delivery failures of one producer instance (a replaced one reports into its own)."""
+    """Delivery reports of one producer instance (a replaced one reports into its own)."""
 
     def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.fatal: str | None = None
+        self.failed: list[tuple[KafkaError, Message]] = []
 
     def delivered(self, err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            return
-        if is_fatal(err) and self.fatal is None:
-            self.fatal = describe(err)
-        self.errors.append(f"{msg.topic()}: {describe(err)}")
+        # Only store it: after a fatal error the binding may run this with that
+        # exception pending, when any call on `err` or `msg` fails.
+        if err is not None:
+            self.failed.append((err, msg))
+
+    def fatal(self) -> str | None:
+        """The first report that says the producer is fatally broken (code ``_FATAL``)."""
+        return next((describe(err) for err, _ in self.failed if is_fatal(err)), None)
+
+    def errors(self) -> list[str]:
+        return [f"{msg.topic()}: {describe(err)}" for err, msg in self.failed]
 
 
 class KafkaPublisher:
@@ -142,13 +147,20 @@ class KafkaPublisher:
     def flush(self) -> None:
         """See :meth:`Publisher.flush`."""
         left = self._guarded("flushing", lambda: self._producer.flush(self._timeout))
+        if left or self._reports.failed:
+            # A refusal can make the producer fatal (enable.gapless.guarantee):
+            # serve its error event now, so the replacement happens with this
+            # batch rather than at the next one's send.
+            self._guarded("flushing", lambda: self._producer.poll(0))
         reports, self._reports = self._reports, _Reports()
-        if reports.fatal is not None:
-            raise self._replace("flushing", reports.fatal)
+        fatal = reports.fatal()
+        if fatal is not None:
+            raise self._replace("flushing", fatal)
         if left:
             raise TransportError(f"{left} record(s) not acknowledged in time", retriable=True)
-        if reports.errors:
-            raise TransportError(f"produce failed: {'; '.join(reports.errors[:3])}", retriable=True)
+        if reports.failed:
+            failed = "; ".join(reports.errors()[:3])
+            raise TransportError(f"produce failed: {failed}", retriable=True)
 
     def close(self) -> None:
         """See :meth:`Publisher.close`."""
@@ -168,12 +180,11 @@ class KafkaPublisher:
 
     def _failure(self, what: str, exc: KafkaException | SystemError) -> TransportError:
         """The error to raise for ``exc``; a fatal one replaces the producer first."""
-        fatal = fatal_error(exc)
-        if fatal is not None:
-            return self._replace(what, describe(fatal))
-        if isinstance(exc, KafkaException):
-            return translate(what, exc)
-        raise exc  # a SystemError of some other making: not ours to interpret
+        reason = broken(exc)
+        if reason is not None:
+            return self._replace(what, reason)
+        assert isinstance(exc, KafkaException)  # a SystemError is always `broken`
+        return translate(what, exc)
 
     def _replace(self, what: str, reason: str) -> TransportError:
         """Drop the fatally failed producer for a new one; say why the batch failed."""

@@ -20,7 +20,7 @@ from kinbox.cli import EXIT_CONFIG, EXIT_FATAL, main
 from kinbox.cli_support import guard
 from kinbox.config import Settings
 from kinbox.errors import ConfigurationError, FatalTransportError, TransportError
-from kinbox.kafka.errors import create_client, fatal_error, is_fatal, translate
+from kinbox.kafka.errors import broken, create_client, fatal_error, is_fatal, translate
 from kinbox.kafka.producer import KafkaPublisher
 from producer_outbox import publisher as relay_publisher
 from producer_outbox.records import Record
@@ -58,6 +58,14 @@ def test_fatal_error_follows_the_exception_chain() -> None:
     assert fatal_error(KafkaException(CODE_ONLY)) is not None
     assert fatal_error(SystemError("unrelated")) is None
     assert fatal_error(KafkaException(KafkaError(KafkaError._TRANSPORT))) is None
+
+
+def test_a_client_is_broken_by_a_fatal_error_or_a_failure_of_the_binding() -> None:
+    assert "gap-less" in (broken(system_error_with_fatal_cause()) or "")
+    # The other shape seen: the binding lost the fatal exception altogether
+    lost = SystemError("<method 'flush'> returned NULL without setting an exception")
+    assert "binding failed" in (broken(lost) or "")
+    assert broken(KafkaException(KafkaError(KafkaError._TRANSPORT))) is None
 
 
 def test_translate_makes_fatal_errors_fatal_transport_errors() -> None:
@@ -158,7 +166,13 @@ class StubProducer:
             action = "raise-fatal"
         if action == "raise-fatal":
             raise system_error_with_fatal_cause()
-        errors = {"report-fatal": CODE_ONLY, "report-too-large": KafkaError(10)}
+        if action == "raise-null":
+            raise SystemError("<method 'flush'> returned NULL without setting an exception")
+        errors = {
+            "report-fatal": CODE_ONLY,
+            "report-too-large": KafkaError(10),
+            "report-purged": KafkaError(KafkaError._PURGE_INFLIGHT),
+        }
         queued, self.queued = self.queued, []
         for topic, callback in queued:
             error = errors.get(action)
@@ -168,7 +182,9 @@ class StubProducer:
         return 0
 
     def purge(self, **kw: Any) -> None:
+        # Every record still queued is reported as purged at the next poll.
         self.purged = True
+        self.script = ["report-purged"]
 
 
 class Factory:
@@ -192,6 +208,7 @@ def dlq_publisher(factory: Factory) -> KafkaPublisher:
     "script",
     [
         ["ok", "raise-fatal"],  # flush raises (SystemError, the fatal error as its cause)
+        ["ok", "raise-null"],  # flush raises a SystemError without a cause
         ["ok", "report-fatal"],  # the delivery report says _FATAL
         ["refuse-fatal"],  # produce() refuses with _FATAL
     ],
@@ -239,6 +256,7 @@ RECORDS = [Record("t", b"a", b"1", []), Record("t", b"b", b"2", []), Record("u",
     "script",
     [
         ["ok", "ok", "ok", "raise-fatal"],
+        ["ok", "ok", "ok", "raise-null"],
         ["ok", "ok", "ok", "report-fatal"],
         ["ok", "refuse-fatal"],
     ],
