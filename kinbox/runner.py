@@ -117,13 +117,16 @@ class Runner:
             while not self._stopping:
                 self.turn()
         except FatalTransportError as exc:
-            self._broken = True
+            self._broken = True  # from here on, a rebalance callback commits nothing
+            error = self._explained(exc)
             log.error(
                 "the Kafka consumer failed fatally and cannot be used again: %s. Stopping this "
                 "worker; the offsets committed so far stay valid and a restart resumes from them",
-                exc,
+                error,
             )
-            raise
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             # A batch still running (an exception interrupted the wait) ends
             # first: its transaction must not race the pool's close.
@@ -136,6 +139,21 @@ class Runner:
             if self._publisher is not None:
                 self._publisher.close()
             log.info("kinbox worker stopped")
+
+    def _explained(self, exc: FatalTransportError) -> FatalTransportError:
+        """``exc``, or the consumer's own account of the fatal error if ``exc`` lacks it.
+
+        A call the broken consumer refused (a commit, say) carries only the
+        code ``_FATAL``; the reason (fenced, ...) is in the error event the
+        consumer queued for its next poll, so one more poll reads it.
+        """
+        try:
+            self._transport.poll(self._settings.batch_max_messages, 0.5)
+        except FatalTransportError as reason:
+            return reason
+        except TransportError:
+            pass
+        return exc
 
     def turn(self) -> None:
         """One poll-apply-commit round (public so tests can step the loop)."""

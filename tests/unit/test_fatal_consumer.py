@@ -40,25 +40,36 @@ def app_of(effect: Any = None) -> App:
 
 
 class BreakingTransport(FakeTransport):
-    """Goes fatal at the ``poll_number``-th poll, or refuses commits fatally once ``broken``."""
+    """A consumer that goes fatal as librdkafka's does.
+
+    At the ``poll_number``-th poll, or as soon as ``broken`` is set, it is
+    fatally broken: a commit is refused with the bare code ``_FATAL``, and
+    the next poll returns the error event that says why (once; later polls
+    return nothing).
+    """
 
     def __init__(self, poll_number: int = 0) -> None:
         super().__init__()
         self.poll_number = poll_number
         self.polls = 0
         self.broken = False
+        self.told = False
 
     def poll(self, max_messages: int, timeout: float) -> list[Record]:
         self.polls += 1
         if self.polls == self.poll_number:
             self.broken = True
-            raise FatalTransportError(FENCED)
+        if self.broken:
+            if not self.told:
+                self.told = True
+                raise FatalTransportError(FENCED)
+            return []
         return super().poll(max_messages, timeout)
 
     def commit(self, offsets: Mapping[Partition, int]) -> None:
         if self.broken:
             self.commit_calls.append(dict(offsets))
-            raise FatalTransportError("committing: Local: Fatal error (_FATAL)")
+            raise FatalTransportError("committing: Commit failed: Local: Fatal error (_FATAL)")
         super().commit(offsets)
 
 
@@ -75,9 +86,10 @@ def test_a_fatal_poll_ends_the_run_and_says_why(caplog: pytest.LogCaptureFixture
     # When the second poll finds the consumer fenced
     with caplog.at_level(logging.ERROR), pytest.raises(FatalTransportError, match="fenced"):
         runner.run()
-    # Then the run ends (it does not go on polling), says why at ERROR,
-    # and releases everything; what the first turn committed stays committed
-    assert transport.polls == 2
+    # Then the run ends (it does not go on polling: one more poll, for the
+    # reason, finds nothing), says why at ERROR, and releases everything;
+    # what the first turn committed stays committed
+    assert transport.polls == 3
     assert "the Kafka consumer failed fatally" in caplog.text and "fenced" in caplog.text
     assert transport.closed and store.closed
     assert transport.committed == {(T, 0): 1}
@@ -92,11 +104,13 @@ def test_a_fatal_commit_ends_the_run_instead_of_being_kept_for_later() -> None:
         transport.broken = True  # the consumer goes fatal while the batch runs
 
     runner, store = runner_for(transport, app_of(break_it))
-    with pytest.raises(FatalTransportError):
+    with pytest.raises(FatalTransportError, match="fenced") as raised:
         runner.run()
-    # The commit was tried once, and not again on the way out
+    # The commit was tried once, and not again on the way out (nor on revoke)
     assert len(transport.commit_calls) == 1
     assert transport.closed and store.effects == ["a"]
+    # and the error says why, from the event the consumer queued, not just "_FATAL"
+    assert "_FATAL" in str(raised.value.__cause__)
 
 
 @pytest.fixture

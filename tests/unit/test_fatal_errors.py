@@ -290,3 +290,9 @@ def test_relay_keeps_a_records_own_error_alongside_a_fatal_producer() -> None:
     outcomes = relay(factory).publish(RECORDS)
     assert not outcomes[0].ok and not outcomes[0].outage and "SIZE" in (outcomes[0].error or "")
     assert all(not o.ok and o.outage for o in outcomes[1:])
+
+
+def test_supervisor_reports_a_member_status_as_a_shell_would() -> None:
+    from kinbox.supervisor import status
+
+    assert [status(7), status(0), status(-9), status(-15), status(None)] == [7, 0, 137, 143, 1]
