@@ -29,9 +29,14 @@ one of them says ``fatal()``:
 :func:`is_fatal`, :func:`fatal_error` and :func:`broken` recognise all of
 these; nothing else in kinbox or producer_outbox decides what is fatal.
 Callbacks given to the binding only store what they are handed: with that
-exception pending, any call on the error or the message would fail. An ``error_cb`` would add
-nothing here: the binding never hands it the fatal error, and librdkafka
-logs the underlying reason through the ``logger`` the clients are given.
+exception pending, any call on the error or the message would fail.
+
+No client gets an ``error_cb``: the binding never hands it the fatal error,
+and the underlying reason reaches kinbox without one — in the text of the
+consumer's error event, and in the exception a producer's poll or flush
+raises. (A commit refused by a fatal consumer carries only ``_FATAL``; the
+runner then polls once more to read the event: see
+:meth:`kinbox.runner.Runner.run`.)
 
 This module imports nothing of kinbox but the error tree, so
 ``producer_outbox`` uses it without loading the consumer.
