@@ -2,17 +2,16 @@
 
 Exit codes tell a supervisor what went wrong without parsing logs:
 2 configuration, 3 import, 4 connection, 5 schema not migrated, 6 stopped on a
-record without a valid event id (``missing_id=fail``).
+record without a valid event id (``missing_id=fail``), 7 the Kafka consumer
+failed fatally (see :mod:`kinbox.cli_support`); ``--processes N`` is run by
+:mod:`kinbox.supervisor`.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
-import signal
 import sys
-from types import FrameType
 from typing import Any
 
 import click
@@ -21,8 +20,11 @@ from kinbox.cli_support import (
     EXIT_BAD_INPUT,
     EXIT_CONFIG,
     EXIT_CONNECT,
+    EXIT_FATAL,
     EXIT_IMPORT,
     EXIT_SCHEMA,
+    configure_logging,
+    resolve_target,
 )
 from kinbox.cli_support import die as _die
 from kinbox.cli_support import guard as _guard
@@ -31,7 +33,15 @@ from kinbox.config import Settings
 from kinbox.inbox_schema import INBOX
 from kinbox.migrations import Component, render
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_CONFIG", "EXIT_CONNECT", "EXIT_IMPORT", "EXIT_SCHEMA", "main"]
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_CONFIG",
+    "EXIT_CONNECT",
+    "EXIT_FATAL",
+    "EXIT_IMPORT",
+    "EXIT_SCHEMA",
+    "main",
+]
 
 log = logging.getLogger("kinbox.cli")
 
@@ -48,15 +58,7 @@ log = logging.getLogger("kinbox.cli")
 def main(ctx: click.Context, log_level: str) -> None:
     """Exactly-once database effects for Kafka consumers on PostgreSQL."""
     ctx.obj = {"log_level": log_level.upper()}
-    _configure_logging(log_level.upper())
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s %(levelname)s [{os.getpid()}] %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(log_level.upper())
 
 
 @main.command()
@@ -66,7 +68,7 @@ def _configure_logging(level: str) -> None:
     type=click.IntRange(1, 256),
     default=1,
     show_default=True,
-    help="Group members to run, one process each.",
+    help="Group members to run, one process each; with -X group.instance.id=ID, member i is ID-i.",
 )
 @click.option("--bootstrap-servers", help="Kafka brokers [KINBOX_BOOTSTRAP_SERVERS].")
 @click.option("--database-url", help="PostgreSQL URL [KINBOX_DATABASE_URL].")
@@ -108,55 +110,19 @@ def worker(ctx: click.Context, /, target: str, processes: int, kafka: tuple[str,
     flags["id_headers"] = id_headers or None
     flags["kafka_overrides"] = _kafka_overrides(kafka) or None
     # Resolve once here so a bad target or setting fails before any fork.
-    app, settings = _guard(lambda: _resolve(target, flags))
+    app, settings = _guard(lambda: resolve_target(target, flags))
     if processes == 1:
         _guard(lambda: _run(app, settings))
         return
-    sys.exit(_supervise(target, flags, processes, ctx.obj["log_level"]))
+    from kinbox.supervisor import supervise
 
-
-def _resolve(target: str, flags: dict[str, Any]) -> tuple[Any, Settings]:
-    from kinbox.worker import resolve
-
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: the app lives in the project
-    return resolve(target, flags, os.environ)
+    sys.exit(supervise(target, flags, processes, ctx.obj["log_level"]))
 
 
 def _run(app: Any, settings: Settings) -> None:
     from kinbox.worker import run
 
     run(app, settings)
-
-
-def _child(target: str, flags: dict[str, Any], log_level: str) -> None:
-    # Own process group: a terminal's Ctrl-C reaches only the supervisor,
-    # which forwards one SIGTERM per signal (two would mean "exit at once").
-    os.setpgid(0, 0)
-    _configure_logging(log_level)
-    app, settings = _guard(lambda: _resolve(target, flags))
-    _guard(lambda: _run(app, settings))
-
-
-def _supervise(target: str, flags: dict[str, Any], processes: int, log_level: str) -> int:
-    ctx = multiprocessing.get_context("spawn")
-    children = [
-        ctx.Process(target=_child, args=(target, flags, log_level), name=f"kinbox-worker-{i}")
-        for i in range(processes)
-    ]
-    for child in children:
-        child.start()
-
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        for child in children:
-            if child.pid is not None and child.exitcode is None:
-                os.kill(child.pid, signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    for child in children:
-        child.join()
-    return max(abs(child.exitcode or 0) for child in children)
 
 
 def components() -> list[Component]:

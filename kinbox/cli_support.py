@@ -1,32 +1,42 @@
 """What every ``kinbox`` subcommand shares: exit codes, ``-X`` parsing, error reporting.
 
 Exit codes tell a supervisor what went wrong without parsing logs:
-2 configuration, 3 import, 4 connection, 5 schema not migrated, 6 stopped on
-a record without a valid event id (``missing_id=fail``).
+2 configuration (librdkafka refusing a ``-X`` property included), 3 import,
+4 connection, 5 schema not migrated, 6 stopped on a record without a valid
+event id (``missing_id=fail``), 7 the Kafka consumer failed fatally (e.g.
+fenced by another member with the same ``group.instance.id``).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from kinbox.errors import (
     ConfigurationError,
     EnvelopeError,
+    FatalTransportError,
     KinboxError,
     SchemaError,
     StoreError,
     TransportError,
 )
 
+if TYPE_CHECKING:
+    from kinbox.app import App
+    from kinbox.config import Settings
+
 EXIT_CONFIG = 2
 EXIT_IMPORT = 3
 EXIT_CONNECT = 4
 EXIT_SCHEMA = 5
 EXIT_BAD_INPUT = 6
+EXIT_FATAL = 7
 
 
 def parse_kafka_overrides(values: Sequence[str]) -> dict[str, str]:
@@ -42,6 +52,24 @@ def parse_kafka_overrides(values: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def configure_logging(level: str) -> None:
+    """Log to stderr at ``level``, each line naming the process (members of one worker differ)."""
+    logging.basicConfig(
+        level=level,
+        format=f"%(asctime)s %(levelname)s [{os.getpid()}] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def resolve_target(target: str, flags: Mapping[str, Any]) -> tuple[App, Settings]:
+    """Load ``kinbox worker``'s MODULE[:APP] and its validated settings (flags > env > app)."""
+    from kinbox.worker import resolve
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: the app lives in the project
+    return resolve(target, flags, os.environ)
+
+
 def guard(action: Any) -> Any:
     """Run ``action``; turn kinbox's errors into a message and an exit code."""
     try:
@@ -52,6 +80,9 @@ def guard(action: Any) -> Any:
         die(f"configuration error: {exc}", EXIT_CONFIG)
     except SchemaError as exc:
         die(str(exc), EXIT_SCHEMA)
+    except FatalTransportError as exc:
+        # Before TransportError: no retry or restart of this client helps.
+        die(f"the Kafka client failed fatally: {exc}", EXIT_FATAL)
     except (StoreError, TransportError) as exc:
         die(f"cannot connect: {exc}", EXIT_CONNECT)
     except EnvelopeError as exc:

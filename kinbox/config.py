@@ -5,6 +5,12 @@ Every setting has a default except the ones naming the outside world
 start-up and names the setting, the value and what is allowed. Secrets
 (database passwords, SASL/SSL secrets in ``-X`` overrides) never appear in
 ``repr()``, logs or error messages: :meth:`Settings.redacted` masks them.
+
+A librdkafka property given with ``-X`` wins over the setting that would
+otherwise produce it (``-X max.poll.interval.ms`` over ``max_poll_interval``),
+so whatever kinbox derives from such a setting reads the value the consumer
+really has: :attr:`Settings.effective_max_poll_interval` and
+:attr:`Settings.effective_session_timeout`.
 """
 
 from __future__ import annotations
@@ -31,6 +37,22 @@ _URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*(@)")
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
 MASK = "***"
 
+DEFAULT_ID_HEADERS = ("event-id", "ce_id")
+"""Event id headers read by default: kinbox's own, then CloudEvents' binary-mode ``ce_id``.
+
+Debezium's outbox router also writes a header named ``id``; it is not read by
+default because many producers put an *entity* id in a header of that
+generic name, and kinbox would then merge distinct events of one entity
+silently. Add it with ``--id-header`` / ``KINBOX_ID_HEADERS`` where the
+router is in use.
+"""
+
+_MS_OVERRIDES = {
+    "max.poll.interval.ms": "max_poll_interval",
+    "session.timeout.ms": "session_timeout",
+}
+"""librdkafka properties in milliseconds that override a setting in seconds."""
+
 MISSING_ID_POLICIES = ("dead-letter", "derive", "fail")
 """Values of ``missing_id``: what to do with a record whose event id is missing or invalid.
 
@@ -50,7 +72,7 @@ class Settings:
     database_url: str = ""
     group_id: str = ""
     schema: str = "kinbox"
-    id_headers: tuple[str, ...] = ("event-id", "ce_id", "id")
+    id_headers: tuple[str, ...] = DEFAULT_ID_HEADERS
     batch_max_messages: int = 500
     batch_max_wait: float = 0.1
     shutdown_timeout: float = 30.0
@@ -83,11 +105,16 @@ class Settings:
         for name in ("batch_max_wait", "shutdown_timeout", "retry_initial", "retry_max"):
             if not getattr(self, name) > 0:
                 _bad(name, getattr(self, name), "a positive number of seconds")
-        if not 1 <= self.session_timeout <= self.max_poll_interval:
+        for key, name in _MS_OVERRIDES.items():
+            raw = self.kafka_overrides.get(key)
+            if raw is not None and _milliseconds(raw) is None:
+                _bad(f"-X {key}", raw, f"a whole number of milliseconds >= 1 (overrides {name})")
+        poll_interval = self.effective_max_poll_interval
+        if self._classic_group and not 1 <= self.effective_session_timeout <= poll_interval:
             _bad(
                 "session_timeout",
-                self.session_timeout,
-                f"1s..max_poll_interval ({self.max_poll_interval}s)",
+                self.effective_session_timeout,
+                f"1s..max_poll_interval ({poll_interval}s)",
             )
         if not 1 <= self.max_attempts <= 1000:
             _bad("max_attempts", self.max_attempts, "1..1000 (handler tries before dead-lettering)")
@@ -99,6 +126,42 @@ class Settings:
             if key in _PROTECTED_KAFKA_KEYS:
                 _bad(f"-X {key}", self.kafka_overrides[key], _PROTECTED_KAFKA_KEYS[key])
         return self
+
+    @property
+    def effective_max_poll_interval(self) -> float:
+        """Seconds the consumer allows between polls: ``-X max.poll.interval.ms`` wins."""
+        return self._seconds("max.poll.interval.ms", self.max_poll_interval)
+
+    @property
+    def effective_session_timeout(self) -> float:
+        """Seconds of silence before the group drops this member: ``-X session.timeout.ms`` wins.
+
+        Under ``-X group.protocol=consumer`` (KIP-848) the broker decides it
+        instead (``group.consumer.session.timeout.ms``) and kinbox sets none.
+        """
+        return self._seconds("session.timeout.ms", self.session_timeout)
+
+    @property
+    def _classic_group(self) -> bool:
+        return self.kafka_overrides.get("group.protocol", "classic") == "classic"
+
+    def _seconds(self, key: str, setting: float) -> float:
+        millis = _milliseconds(self.kafka_overrides.get(key))
+        return setting if millis is None else millis / 1000
+
+    def for_member(self, index: int) -> Settings:
+        """The settings of member ``index`` of a ``--processes N`` worker.
+
+        A static ``group.instance.id`` names one member: given to N processes
+        as it is, every one but the last to join would be fenced. Each member
+        gets ``<id>-<index>`` instead, the same on every restart, so static
+        membership keeps working (a restarted member takes its place back).
+        """
+        instance = self.kafka_overrides.get("group.instance.id")
+        if not instance:
+            return self
+        overrides = {**self.kafka_overrides, "group.instance.id": f"{instance}-{index}"}
+        return dataclasses.replace(self, kafka_overrides=overrides)
 
     def redacted(self) -> dict[str, Any]:
         """Return the settings as a dict that is safe to log: secrets are masked."""
@@ -168,6 +231,17 @@ def _parse(name: str, raw: str, default: object) -> Any:
             f"{ENV_PREFIX}{name.upper()}={shown!r} is not a valid {type(default).__name__}"
         ) from None
     return raw
+
+
+def _milliseconds(raw: str | None) -> int | None:
+    """``raw`` as a positive whole number of milliseconds, or ``None`` (absent or not one)."""
+    if raw is None:
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        return None
+    return value if value >= 1 else None
 
 
 def _bad(name: str, value: object, allowed: str) -> None:

@@ -9,6 +9,7 @@
     ├── StoreError                                     from psycopg errors; .transient
     │   └── SchemaError                                kinbox tables missing or too old
     ├── TransportError                                 from KafkaException; .retriable
+    │   └── FatalTransportError                        the Kafka client is unusable for good
     ├── ServiceError                                   a local dev service failed to start
     ├── ConnectorError                                 Kafka Connect refused or failed a connector
     ├── FailpointError                                 a crash test's ``raise`` failpoint fired
@@ -90,6 +91,19 @@ class TransportError(KinboxError):
     def __init__(self, message: str, *, retriable: bool) -> None:
         super().__init__(message)
         self.retriable = retriable
+
+
+class FatalTransportError(TransportError):
+    """A Kafka client hit a librdkafka *fatal* error: that client instance is unusable.
+
+    Nothing done with it will succeed again (a static member fenced by another
+    with the same ``group.instance.id``, an idempotent producer that lost its
+    sequence state...). A producer is replaced; a consumer ends the worker
+    with its own exit code. Never retriable.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retriable=False)
 
 
 class ServiceError(KinboxError):

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Iterable
 
-from kinbox.errors import TransportError
+from kinbox.errors import FatalTransportError, TransportError
 from kinbox.kafka import Partition, Transport
 
 log = logging.getLogger(__name__)
@@ -55,12 +55,18 @@ class Offsets:
         cannot commit onto another owner: a revoke or a loss calls
         :meth:`forget` (a revoke after one last try), so only partitions this
         member still owns stay pending.
+
+        Raises:
+            FatalTransportError: the consumer is fatally broken; no turn can
+                commit again, so the worker must end.
         """
         if not self._pending:
             return
         offsets = dict(self._pending)
         try:
             self._transport.commit(offsets)
+        except FatalTransportError:
+            raise  # no later turn can commit with this consumer: the worker ends
         except TransportError as exc:
             now = time.monotonic()
             if now - self._last_warning >= _WARN_EVERY:

@@ -22,7 +22,7 @@ from kinbox.backoff import Backoff
 from kinbox.batch import BatchProcessor, BatchResult
 from kinbox.config import Settings
 from kinbox.envelope import Record
-from kinbox.errors import ConfigurationError, TransportError
+from kinbox.errors import ConfigurationError, FatalTransportError, TransportError
 from kinbox.inflight import InFlight, Results
 from kinbox.kafka import Partition, Publisher, Transport
 from kinbox.offsets import Offsets
@@ -76,6 +76,7 @@ class Runner:
             middleware=app.middleware,
         )
         self._stopping = False
+        self._broken = False
         self._assigned: set[Partition] = set()
         self._offsets = Offsets(transport)
         self._backoff = Backoff(
@@ -84,7 +85,8 @@ class Runner:
         self._inflight = InFlight(
             transport,
             settings.batch_max_messages,
-            revoke_wait=min(settings.shutdown_timeout, settings.max_poll_interval / 2),
+            # The consumer's own value: -X max.poll.interval.ms wins over the setting.
+            revoke_wait=min(settings.shutdown_timeout, settings.effective_max_poll_interval / 2),
             keep_alive=self._offsets.commit,
         )
 
@@ -101,8 +103,11 @@ class Runner:
         """Consume until :meth:`stop`; then commit what is committed in the DB and close.
 
         Raises:
-            TransportError: Kafka failed fatally (the offsets already committed
-                stay valid; a restart resumes from them).
+            FatalTransportError: the consumer is fatally broken (fenced by a
+                member with its ``group.instance.id``, say). The worker must
+                end: the client can never poll or commit again. The offsets
+                already committed stay valid; a restart resumes from them.
+            TransportError: Kafka refused the subscription.
         """
         self._transport.subscribe(self._app.topics, self)
         log.info(
@@ -111,17 +116,44 @@ class Runner:
         try:
             while not self._stopping:
                 self.turn()
+        except FatalTransportError as exc:
+            self._broken = True  # from here on, a rebalance callback commits nothing
+            error = self._explained(exc)
+            log.error(
+                "the Kafka consumer failed fatally and cannot be used again: %s. Stopping this "
+                "worker; the offsets committed so far stay valid and a restart resumes from them",
+                error,
+            )
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             # A batch still running (an exception interrupted the wait) ends
             # first: its transaction must not race the pool's close.
             self._inflight.shutdown()
-            self._offsets.commit()
+            if not self._broken:  # a fatally broken consumer refuses every commit
+                self._offsets.commit()
             # close() revokes the assignment: on_revoked commits anything left.
             self._transport.close()
             self._store.close()
             if self._publisher is not None:
                 self._publisher.close()
             log.info("kinbox worker stopped")
+
+    def _explained(self, exc: FatalTransportError) -> FatalTransportError:
+        """``exc``, or the consumer's own account of the fatal error if ``exc`` lacks it.
+
+        A call the broken consumer refused (a commit, say) carries only the
+        code ``_FATAL``; the reason (fenced, ...) is in the error event the
+        consumer queued for its next poll, so one more poll reads it.
+        """
+        try:
+            self._transport.poll(self._settings.batch_max_messages, 0.5)
+        except FatalTransportError as reason:
+            return reason
+        except TransportError:
+            pass
+        return exc
 
     def turn(self) -> None:
         """One poll-apply-commit round (public so tests can step the loop)."""
@@ -149,6 +181,9 @@ class Runner:
         offsets are committed by this member rather than its events redelivered.
         """
         log.info("revoked %s", partitions)
+        if self._broken:
+            self._release(partitions)  # nothing can be committed any more
+            return
         for tp, result in self._inflight.results_for_revoke(partitions):
             if tp in partitions and result.next_offset is not None:
                 self._offsets.advance(tp, result.next_offset)

@@ -73,19 +73,31 @@ def resolve(target: str, flags: Mapping[str, Any], env: Mapping[str, str]) -> tu
 
 
 def run(app: App, settings: Settings) -> None:
-    """Run one group member in this process until a signal stops it."""
+    """Run one group member in this process until a signal stops it.
+
+    Raises:
+        ConfigurationError: librdkafka refused the configuration.
+        FatalTransportError: the consumer failed fatally.
+    """
+    # The Kafka clients first: creating them checks the librdkafka
+    # configuration and connects to nothing, so a bad -X is reported as such
+    # even while the database is unreachable.
+    transport = KafkaTransport(settings)
     store = PostgresInboxStore(
         settings.database_url,
         schema=settings.schema,
         consumer=settings.group_id,
         pool_size=settings.pool_size,
     )
-    store.open()
+    publisher: KafkaPublisher | None = None
     try:
-        transport = KafkaTransport(settings)
         publisher = KafkaPublisher(settings)
+        store.open()
     except BaseException:
         store.close()
+        if publisher is not None:
+            publisher.close()
+        transport.close()
         raise
     runner = Runner(app, settings, transport, store, publisher=publisher)
     _install_signals(runner, settings.shutdown_timeout)

@@ -17,6 +17,7 @@ from typing import Protocol
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kinbox.errors import ConfigurationError
+from kinbox.kafka.errors import broken, create_client, describe, is_fatal
 from producer_outbox.records import Record
 
 _Callback = Callable[[KafkaError | None, Message], None]
@@ -43,6 +44,8 @@ _OUTAGE_CODES = frozenset(
         KafkaError._TIMED_OUT,
         KafkaError.REQUEST_TIMED_OUT,
         KafkaError._PURGE_QUEUE,
+        # Purged in flight: only ever by the relay itself, from a producer that went fatal.
+        KafkaError._PURGE_INFLIGHT,
     }
 )
 
@@ -90,69 +93,143 @@ def producer_config(bootstrap_servers: str, overrides: Mapping[str, str]) -> dic
 
 
 def _outcome(error: KafkaError) -> Outcome:
-    outage = error.code() in _OUTAGE_CODES or error.retriable()
+    # A fatally broken producer says nothing about the record: never park it for that.
+    outage = error.code() in _OUTAGE_CODES or error.retriable() or is_fatal(error)
     return Outcome(error=f"{error.name()}: {error.str()}", outage=outage)
+
+
+class _Fatal:
+    """Why the producer became unusable while publishing one batch, if it did."""
+
+    reason: str | None = None
+
+    def saw(self, error: KafkaError) -> None:
+        self.because(describe(error))
+
+    def because(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+
+_PENDING = object()
+"""No delivery report yet."""
+
+
+_CASUALTIES = frozenset({KafkaError._FATAL, KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+"""Report codes of records that failed only because their producer went fatal."""
+
+
+def _reported(report: object, missing: Outcome, fatal: bool) -> Outcome:
+    """The outcome a delivery report says; ``missing`` when there was none to say more."""
+    if report is _PENDING:
+        return missing
+    if report is None:
+        return ACKED
+    assert isinstance(report, KafkaError)
+    if fatal and report.code() in _CASUALTIES:
+        return missing  # it names the fatal error, which is the real reason
+    return _outcome(report)
 
 
 class KafkaPublisher:
     """A :class:`Publisher` over one idempotent ``confluent_kafka.Producer``.
 
-    A fatal producer error (idempotence state lost) fails the batch and
-    replaces the producer before the next one.
+    A fatal producer error (see :mod:`kinbox.kafka.errors`: idempotence
+    state lost, or ``enable.gapless.guarantee`` unable to hold) makes every
+    later call of that producer fail. The batch in hand then ends: each
+    record the broker had not acknowledged gets an *outage* outcome (the
+    relay retries it and never parks it for this), and the producer is
+    replaced by a new one before the next batch. A record's own error (say,
+    too large for the topic) keeps its own outcome.
+
+    Args:
+        config: the producer configuration (:func:`producer_config`).
+        factory: creates the producer from ``config`` (a seam for tests).
+
+    Raises:
+        ConfigurationError: librdkafka refused the configuration (``-X``).
     """
 
-    def __init__(self, config: Mapping[str, str]) -> None:
+    def __init__(
+        self, config: Mapping[str, str], factory: Callable[[dict[str, str]], Producer] = Producer
+    ) -> None:
         self._config = dict(config)
+        self._factory = factory
+        self._producer = self._create()
         timeout_ms = int(self._config.get("message.timeout.ms", "300000"))
         self._flush_timeout = timeout_ms / 1000 + 5.0
-        self._producer = Producer(self._config)
+        self.replaced = 0
+        """How many times a fatally failed producer was replaced."""
 
     def publish(self, records: Sequence[Record]) -> list[Outcome]:
         """Produce every record, flush, and return each delivery report's outcome."""
+        # Set at once: refused by produce(), or held back behind its key.
         outcomes: list[Outcome | None] = [None] * len(records)
-        fatal = False
+        reports: list[object] = [_PENDING] * len(records)
+        fatal = _Fatal()
 
         def report(index: int) -> _Callback:
             def on_delivery(error: KafkaError | None, _message: Message) -> None:
-                nonlocal fatal
-                if error is None:
-                    outcomes[index] = ACKED
-                else:
-                    fatal = fatal or error.fatal()
-                    outcomes[index] = _outcome(error)
+                # Only store it: after a fatal error the binding may run this
+                # with that exception pending, when any call on `error` fails.
+                reports[index] = error
 
             return on_delivery
 
         failed_keys: set[tuple[str, bytes]] = set()
         for index, record in enumerate(records):
+            if fatal.reason is not None:
+                break  # the producer can send nothing more; the rest is not delivered
             if record.key is not None and (record.topic, record.key) in failed_keys:
                 # An earlier record of this key was refused at once (e.g. too large):
                 # sending this one would overtake it. It waits; outage=True so the
                 # wait does not count towards parking it.
                 outcomes[index] = Outcome("an earlier record of its key failed", outage=True)
                 continue
-            self._produce(index, record, report(index), outcomes)
+            self._produce(index, record, report(index), outcomes, fatal)
             refused = outcomes[index]  # set already only when produce() refused it
             if record.key is not None and refused is not None and not refused.ok:
                 failed_keys.add((record.topic, record.key))
+
+        def waiting() -> bool:
+            return any(o is None and r is _PENDING for o, r in zip(outcomes, reports, strict=True))
+
         deadline = time.monotonic() + self._flush_timeout
-        while any(o is None for o in outcomes) and time.monotonic() < deadline:
-            self._producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
-        if any(o is None for o in outcomes):
+        while fatal.reason is None and waiting() and time.monotonic() < deadline:
+            self._serve(fatal, lambda: self._producer.flush(min(1.0, deadline - time.monotonic())))
+        if fatal.reason is None and any(isinstance(r, KafkaError) for r in reports):
+            # A refusal can make the producer fatal (enable.gapless.guarantee):
+            # serve its error event now, not in the next batch's produce().
+            self._serve(fatal, lambda: self._producer.poll(0))
+        for error in reports:
+            if isinstance(error, KafkaError) and is_fatal(error):
+                fatal.saw(error)  # a report that carries only the code _FATAL
+        if fatal.reason is not None:
+            self._replace(fatal.reason, waiting)
+        elif waiting():
             # Should not happen (message.timeout.ms bounds every record); drop what
             # is still queued so it cannot go out after a retry of the same row.
             self._producer.purge(in_queue=True, in_flight=False)
-            self._producer.poll(0)
-        if fatal:
-            log.error("fatal Kafka producer error; creating a new producer")
-            self._producer = Producer(self._config)
+            self._serve(fatal, lambda: self._producer.poll(0))
+        missing = (
+            Outcome(f"not delivered: the producer failed fatally ({fatal.reason})", outage=True)
+            if fatal.reason is not None
+            else Outcome("no delivery report in time", outage=True)
+        )
         return [
-            o if o is not None else Outcome("no delivery report in time", outage=True)
-            for o in outcomes
+            outcome
+            if outcome is not None
+            else _reported(reports[index], missing, fatal.reason is not None)
+            for index, outcome in enumerate(outcomes)
         ]
 
     def _produce(
-        self, index: int, record: Record, callback: _Callback, outcomes: list[Outcome | None]
+        self,
+        index: int,
+        record: Record,
+        callback: _Callback,
+        outcomes: list[Outcome | None],
+        fatal: _Fatal,
     ) -> None:
         while True:
             try:
@@ -165,11 +242,58 @@ class KafkaPublisher:
                 )
                 return
             except BufferError:
-                self._producer.poll(0.1)  # local queue full: let reports drain
+                # Local queue full: let reports drain.
+                if not self._serve(fatal, lambda: self._producer.poll(0.1)):
+                    return
             except KafkaException as exc:
-                outcomes[index] = _outcome(exc.args[0])
+                error = exc.args[0]
+                if is_fatal(error):
+                    fatal.saw(error)
+                outcomes[index] = _outcome(error)
                 return
+
+    def _serve(self, fatal: _Fatal, call: Callable[[], int]) -> bool:
+        """Run a ``poll``/``flush``; False if it met the producer's fatal error."""
+        try:
+            call()
+        except (KafkaException, SystemError) as exc:
+            # SystemError: a delivery report ran with the fatal error pending.
+            reason = broken(exc)
+            if reason is None:
+                raise
+            fatal.because(reason)
+            return False
+        return True
+
+    def _create(self) -> Producer:
+        return create_client(self._factory, self._config, "the outbox relay's producer")
+
+    def _replace(self, reason: str, waiting: Callable[[], bool]) -> None:
+        """Collect what the failed producer still has to report, then use a new one."""
+        log.error(
+            "fatal Kafka producer error (%s); records not acknowledged are retried, never "
+            "parked for it; creating a new producer",
+            reason,
+        )
+        old, self._producer = self._producer, self._create()
+        self.replaced += 1
+        try:
+            # Nothing of the old one may still go out behind the rows' retry.
+            old.purge(in_queue=True, in_flight=True, blocking=False)
+        except (KafkaException, SystemError) as exc:
+            log.debug("purging the failed producer: %s", exc)
+        # The fatal error stopped the poll that raised it: the reports it had
+        # not served yet (a record's own refusal, the purged ones) come now.
+        deadline = time.monotonic() + 1.0
+        while waiting() and time.monotonic() < deadline:
+            try:
+                old.poll(0.1)
+            except (KafkaException, SystemError) as exc:  # it is broken: best effort
+                log.debug("draining the failed producer: %s", exc)
 
     def close(self) -> None:
         """Flush what is left and drop the producer."""
-        self._producer.flush(self._flush_timeout)
+        try:
+            self._producer.flush(self._flush_timeout)
+        except (KafkaException, SystemError) as exc:
+            log.warning("closing the outbox relay's producer: %s", exc)

@@ -12,7 +12,6 @@ changing credentials clears the parent-death signal, so it must be set after.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import pwd
 import shutil
@@ -25,8 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from kinbox.errors import ServiceError
-
-_PR_SET_PDEATHSIG = 1
+from kinbox.lifeline import die_with_parent
 
 
 def free_port() -> int:
@@ -55,7 +53,7 @@ def _child_setup(user: str | None, death_signal: int) -> Callable[[], None]:
             os.setgid(account.pw_gid)
             os.setuid(account.pw_uid)
         # After the credential change, which would clear it.
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, death_signal)
+        die_with_parent(death_signal)
 
     return setup
 

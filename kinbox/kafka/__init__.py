@@ -6,13 +6,21 @@
 ``producer``       :class:`Publisher` and :class:`KafkaPublisher`: dead
                    letters and replays, acknowledged before they count
 ``reader``         :func:`read_topic`: a topic from its start, for replay
-``errors``         ``KafkaException`` → :class:`~kinbox.errors.TransportError`
+``errors``         fatal errors, refused configuration, ``KafkaException`` →
+                   :class:`~kinbox.errors.TransportError`
 =================  ==========================================================
+
+The names below load on first use (PEP 562), so ``producer_outbox`` can use
+:mod:`kinbox.kafka.errors` without loading the consumer's modules.
 """
 
-from kinbox.kafka.consumer import KafkaTransport, Partition, RebalanceListener, Transport
-from kinbox.kafka.producer import KafkaPublisher, Publisher
-from kinbox.kafka.reader import read_topic
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kinbox.kafka.consumer import KafkaTransport, Partition, RebalanceListener, Transport
+    from kinbox.kafka.producer import KafkaPublisher, Publisher
+    from kinbox.kafka.reader import read_topic
 
 __all__ = [
     "KafkaPublisher",
@@ -23,3 +31,26 @@ __all__ = [
     "Transport",
     "read_topic",
 ]
+
+_SOURCES = {
+    "KafkaPublisher": "kinbox.kafka.producer",
+    "KafkaTransport": "kinbox.kafka.consumer",
+    "Partition": "kinbox.kafka.consumer",
+    "Publisher": "kinbox.kafka.producer",
+    "RebalanceListener": "kinbox.kafka.consumer",
+    "Transport": "kinbox.kafka.consumer",
+    "read_topic": "kinbox.kafka.reader",
+}
+
+
+def __getattr__(name: str) -> Any:
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module 'kinbox.kafka' has no attribute {name!r}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -27,8 +27,8 @@ from confluent_kafka import (
 
 from kinbox.config import Settings
 from kinbox.envelope import Record
-from kinbox.errors import TransportError
-from kinbox.kafka.errors import translate
+from kinbox.errors import FatalTransportError
+from kinbox.kafka.errors import broken, create_client, describe, is_fatal, translate
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +107,12 @@ class KafkaTransport:
     """:class:`Transport` on a confluent-kafka ``Consumer``."""
 
     def __init__(self, settings: Settings) -> None:
-        try:
-            self._consumer = Consumer(consumer_config(settings))
-        except KafkaException as exc:
-            raise translate("creating the consumer", exc) from exc
+        """Create the consumer (it joins the group at :meth:`subscribe`).
+
+        Raises:
+            ConfigurationError: librdkafka refused the configuration (``-X``).
+        """
+        self._consumer = create_client(Consumer, consumer_config(settings), "the consumer")
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         """See :meth:`Transport.subscribe`.
@@ -139,18 +141,26 @@ class KafkaTransport:
             raise translate(f"subscribing to {list(topics)!r}", exc) from exc
 
     def poll(self, max_messages: int, timeout: float) -> list[Record]:
-        """See :meth:`Transport.poll`; error events are logged, fatal ones raised."""
+        """See :meth:`Transport.poll`; error events are logged, fatal ones raised.
+
+        Raises:
+            FatalTransportError: the consumer is fatally broken (e.g. fenced
+                by another member with its ``group.instance.id``); its error
+                event carries code ``_FATAL`` and the reason in its text.
+        """
         try:
             messages = self._consumer.consume(max_messages, timeout)
         except KafkaException as exc:
             raise translate("consuming", exc) from exc
+        except SystemError as exc:
+            raise FatalTransportError(f"consuming: {broken(exc)}") from exc
         records = []
         for msg in messages:
             err = msg.error()
             if err is None:
                 records.append(to_record(msg))
-            elif err.fatal():
-                raise TransportError(f"fatal consumer error: {err.str()}", retriable=False)
+            elif is_fatal(err):
+                raise FatalTransportError(f"fatal consumer error: {describe(err)}")
             elif err.code() != KafkaError._PARTITION_EOF:
                 log.warning("consumer error (librdkafka retries): %s", err.str())
         return records
@@ -192,7 +202,9 @@ class KafkaTransport:
         """See :meth:`Transport.close`."""
         try:
             self._consumer.close()
-        except (KafkaException, RuntimeError) as exc:
+        # SystemError: a fatal error met while close() ran a rebalance callback
+        # (see kinbox.kafka.errors); the client is released all the same.
+        except (KafkaException, RuntimeError, SystemError) as exc:
             log.warning("closing the consumer failed: %s", exc)
 
     def _call(self, what: str, method: Any, partitions: Sequence[Partition]) -> None:

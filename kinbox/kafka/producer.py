@@ -8,14 +8,16 @@ acknowledge it (idempotent producer, ``acks=all``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kinbox.config import Settings
 from kinbox.errors import TransportError
-from kinbox.kafka.errors import translate
+from kinbox.kafka.errors import broken, create_client, describe, is_fatal, translate
+
+log = logging.getLogger(__name__)
 
 
 class Publisher(Protocol):
@@ -67,21 +69,55 @@ def producer_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-class KafkaPublisher:
-    """:class:`Publisher` on a confluent-kafka ``Producer``."""
+class _Reports:
+    """Delivery reports of one producer instance (a replaced one reports into its own)."""
 
-    def __init__(self, settings: Settings) -> None:
-        self._config = producer_config(settings)
-        self._timeout = int(self._config["message.timeout.ms"]) / 1000 + 5.0
-        self._errors: list[str] = []
-        try:
-            self._producer = Producer(self._config)
-        except KafkaException as exc:
-            raise translate("creating the producer", exc) from exc
+    def __init__(self) -> None:
+        self.failed: list[tuple[KafkaError, Message]] = []
 
-    def _delivered(self, err: KafkaError | None, msg: Message) -> None:
+    def delivered(self, err: KafkaError | None, msg: Message) -> None:
+        # Only store it: after a fatal error the binding may run this with that
+        # exception pending, when any call on `err` or `msg` fails.
         if err is not None:
-            self._errors.append(f"{msg.topic()}: {err.str()} ({err.name()})")
+            self.failed.append((err, msg))
+
+    def fatal(self) -> str | None:
+        """The first report that says the producer is fatally broken (code ``_FATAL``)."""
+        return next((describe(err) for err, _ in self.failed if is_fatal(err)), None)
+
+    def errors(self) -> list[str]:
+        return [f"{msg.topic()}: {describe(err)}" for err, msg in self.failed]
+
+
+class KafkaPublisher:
+    """:class:`Publisher` on a confluent-kafka ``Producer``, replaced when it fails fatally.
+
+    A fatal error (see :mod:`kinbox.kafka.errors`: an idempotent producer
+    that can no longer keep its guarantee) makes every later call of that
+    producer fail. So the publisher drops it and creates a new one, and the
+    :meth:`send` or :meth:`flush` in hand raises a *retriable*
+    :class:`TransportError`: nothing queued since the last flush counts as
+    delivered, the batch rolls back and is tried again on the new producer.
+
+    Args:
+        settings: brokers and ``-X`` overrides.
+        factory: creates the producer from its configuration (a seam for tests).
+
+    Raises:
+        ConfigurationError: librdkafka refused the configuration (``-X``).
+    """
+
+    def __init__(
+        self, settings: Settings, factory: Callable[[dict[str, Any]], Producer] = Producer
+    ) -> None:
+        self._config = producer_config(settings)
+        self._factory = factory
+        self._producer = self._create()
+        # After the client accepted the configuration, so the value is a number.
+        self._timeout = int(self._config["message.timeout.ms"]) / 1000 + 5.0
+        self._reports = _Reports()
+        self.replaced = 0
+        """How many times a fatally failed producer was replaced."""
 
     def send(
         self,
@@ -91,26 +127,81 @@ class KafkaPublisher:
         headers: Sequence[tuple[str, bytes | None]],
     ) -> None:
         """See :meth:`Publisher.send`."""
+        what = f"producing to {topic!r}"
         while True:
             try:
                 self._producer.produce(
-                    topic, value=value, key=key, headers=list(headers), on_delivery=self._delivered
+                    topic,
+                    value=value,
+                    key=key,
+                    headers=list(headers),
+                    on_delivery=self._reports.delivered,
                 )
                 return
             except BufferError:
-                self._producer.poll(0.1)  # local queue full: let delivery reports drain
-            except KafkaException as exc:
-                raise translate(f"producing to {topic!r}", exc) from exc
+                # Local queue full: let delivery reports drain.
+                self._guarded(what, lambda: self._producer.poll(0.1))
+            except (KafkaException, SystemError) as exc:
+                raise self._failure(what, exc) from exc
 
     def flush(self) -> None:
         """See :meth:`Publisher.flush`."""
-        left = self._producer.flush(self._timeout)
-        errors, self._errors = self._errors, []
+        left = self._guarded("flushing", lambda: self._producer.flush(self._timeout))
+        if left or self._reports.failed:
+            # A refusal can make the producer fatal (enable.gapless.guarantee):
+            # serve its error event now, so the replacement happens with this
+            # batch rather than at the next one's send.
+            self._guarded("flushing", lambda: self._producer.poll(0))
+        reports, self._reports = self._reports, _Reports()
+        fatal = reports.fatal()
+        if fatal is not None:
+            raise self._replace("flushing", fatal)
         if left:
             raise TransportError(f"{left} record(s) not acknowledged in time", retriable=True)
-        if errors:
-            raise TransportError(f"produce failed: {'; '.join(errors[:3])}", retriable=True)
+        if reports.failed:
+            failed = "; ".join(reports.errors()[:3])
+            raise TransportError(f"produce failed: {failed}", retriable=True)
 
     def close(self) -> None:
         """See :meth:`Publisher.close`."""
-        self._producer.flush(5.0)
+        try:
+            self._producer.flush(5.0)
+        except (KafkaException, SystemError) as exc:
+            log.warning("closing the dead-letter producer: %s", exc)
+
+    def _create(self) -> Producer:
+        return create_client(self._factory, self._config, "the dead-letter producer")
+
+    def _guarded(self, what: str, call: Callable[[], int]) -> int:
+        try:
+            return call()
+        except (KafkaException, SystemError) as exc:
+            raise self._failure(what, exc) from exc
+
+    def _failure(self, what: str, exc: KafkaException | SystemError) -> TransportError:
+        """The error to raise for ``exc``; a fatal one replaces the producer first."""
+        reason = broken(exc)
+        if reason is not None:
+            return self._replace(what, reason)
+        assert isinstance(exc, KafkaException)  # a SystemError is always `broken`
+        return translate(what, exc)
+
+    def _replace(self, what: str, reason: str) -> TransportError:
+        """Drop the fatally failed producer for a new one; say why the batch failed."""
+        log.error(
+            "the dead-letter producer failed fatally (%s); replacing it. Records it had not "
+            "acknowledged count as not sent: their batch rolls back and is tried again",
+            reason,
+        )
+        old, self._producer = self._producer, self._create()
+        self._reports = _Reports()
+        self.replaced += 1
+        try:
+            # Nothing of the old one may still go out behind the batch's retry.
+            old.purge(in_queue=True, in_flight=True, blocking=False)
+        except (KafkaException, SystemError) as exc:
+            log.debug("purging the failed producer: %s", exc)
+        return TransportError(
+            f"{what}: the producer failed fatally ({reason}); a new one takes over",
+            retriable=True,
+        )

@@ -12,7 +12,7 @@ from kinbox.config import Settings
 from kinbox.envelope import Record
 from kinbox.errors import TransportError
 from kinbox.kafka.consumer import consumer_config, to_record
-from kinbox.kafka.errors import translate
+from kinbox.kafka.errors import create_client, translate
 
 
 def read_topic(settings: Settings, topic: str, timeout: float = 10.0) -> Iterator[Record]:
@@ -22,6 +22,7 @@ def read_topic(settings: Settings, topic: str, timeout: float = 10.0) -> Iterato
     partition, in offset order within each.
 
     Raises:
+        ConfigurationError: librdkafka refused the configuration (``-X``).
         TransportError: the topic does not exist or cannot be read.
     """
     config = consumer_config(settings)
@@ -30,10 +31,7 @@ def read_topic(settings: Settings, topic: str, timeout: float = 10.0) -> Iterato
         if key.startswith(("group.", "partition.assignment", "session.", "max.poll.")):
             del config[key]
     config["group.id"] = f"kinbox-reader-{time.time_ns()}"
-    try:
-        consumer = Consumer(config)
-    except KafkaException as exc:
-        raise translate("creating a reader", exc) from exc
+    consumer = create_client(Consumer, config, "the topic reader")
     try:
         meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
         if meta is None or meta.error is not None:

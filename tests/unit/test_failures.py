@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kinbox.app import App
-from kinbox.config import Settings
+from kinbox.config import DEFAULT_ID_HEADERS, Settings
 from kinbox.deadletter import REPLAY_HEADER
 from kinbox.envelope import Record, event_id
 from kinbox.errors import DeadLetter, EnvelopeError, Retry, TransportError
@@ -370,7 +370,7 @@ def test_arbitrary_id_headers_never_crash_the_loop_and_nothing_is_lost(
     expected_dead: list[int] = []
     for r in h.transport.logs[(T, 0)]:
         try:
-            eid = event_id(r, ("event-id", "ce_id", "id"))
+            eid = event_id(r, DEFAULT_ID_HEADERS)
         except EnvelopeError:
             expected_dead.append(r.offset)
             continue
