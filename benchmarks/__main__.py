@@ -22,7 +22,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from kinbox.bench.command import execute, new_prefix
+from kinbox.bench.command import execute, new_prefix, select
 from kinbox.bench.contenders import CONTENDERS
 from kinbox.bench.scenarios import SCENARIOS
 from kinbox.bench.spec import Sizes, Target
@@ -73,8 +73,7 @@ def main() -> None:
         status = execute(
             target,
             sizes,
-            args.scenario or [s.name for s in SCENARIOS],
-            args.contender or [c.name for c in CONTENDERS],
+            *select(args.scenario or (), args.contender or ()),
             out_dir=args.out,
             progress=sys.stderr.isatty(),
         )

@@ -8,11 +8,11 @@ kill between database commit and offset commit (every contender calls
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
 
-from kinbox.bench.contenders import BY_NAME
 from kinbox.bench.spec import ChildSpec
 
 
@@ -24,7 +24,8 @@ def main() -> None:
         stream=sys.stderr,
     )
     spec = ChildSpec.from_json(os.environ[ChildSpec.ENV])
-    BY_NAME[spec.contender].entry_point()(spec)
+    module, _, function = spec.entry.partition(":")
+    getattr(importlib.import_module(module), function)(spec)
 
 
 if __name__ == "__main__":

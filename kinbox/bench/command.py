@@ -18,8 +18,10 @@ from typing import Any
 
 import click
 
-from kinbox.bench.contenders import CONTENDERS
-from kinbox.bench.scenarios import SCENARIOS
+from kinbox.bench.contenders import BY_NAME as CONTENDER_NAMES
+from kinbox.bench.contenders import CONTENDERS, Contender
+from kinbox.bench.scenarios import BY_NAME as SCENARIO_NAMES
+from kinbox.bench.scenarios import SCENARIOS, Scenario
 from kinbox.bench.spec import Sizes, Target
 from kinbox.cli_support import EXIT_CONFIG, die, parse_kafka_overrides
 from kinbox.errors import ConfigurationError, KinboxError
@@ -32,8 +34,8 @@ EXIT_INTERRUPTED = 130
 def execute(
     target: Target,
     sizes: Sizes,
-    scenarios: Sequence[str],
-    contenders: Sequence[str],
+    scenarios: Sequence[Scenario],
+    contenders: Sequence[Contender],
     *,
     out_dir: Path | None = None,
     json_path: str | None = None,
@@ -77,6 +79,16 @@ def execute(
         )
         status = EXIT_FAILED
     return status
+
+
+def select(
+    scenarios: Sequence[str], contenders: Sequence[str]
+) -> tuple[list[Scenario], list[Contender]]:
+    """The scenarios and contenders named (all of each when none is)."""
+    return (
+        [SCENARIO_NAMES[s] for s in scenarios] if scenarios else list(SCENARIOS),
+        [CONTENDER_NAMES[c] for c in contenders] if contenders else list(CONTENDERS),
+    )
 
 
 def new_prefix() -> str:
@@ -176,8 +188,7 @@ def bench(
         die(f"configuration error: {exc}", EXIT_CONFIG)
     try:
         status = execute(
-            target, chosen, scenarios or [s.name for s in SCENARIOS],
-            contenders or [c.name for c in CONTENDERS], out_dir=out_dir, json_path=json_path,
+            target, chosen, *select(scenarios, contenders), out_dir=out_dir, json_path=json_path,
             progress=sys.stderr.isatty(),
         )  # fmt: skip
     except KinboxError as exc:

@@ -12,6 +12,7 @@ import psycopg
 from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient
 
+from kinbox.bench.contenders import Contender
 from kinbox.bench.process import Child, start_contender
 from kinbox.bench.resources import PARTITIONS, Namespace
 from kinbox.bench.spec import ChildSpec, Sizes, Target
@@ -35,12 +36,13 @@ class Context:
         return psycopg.connect(self.target.database_url, autocommit=True)
 
     def spec(
-        self, contender: str, group: str, topic: str, schema: str, table: str,
+        self, contender: Contender, group: str, topic: str, schema: str, table: str,
         kafka: dict[str, str] | None = None,
     ) -> ChildSpec:  # fmt: skip
         """The orders of a contender's process."""
         return ChildSpec(
-            contender=contender,
+            contender=contender.name,
+            entry=contender.entry,
             bootstrap_servers=self.target.bootstrap_servers,
             database_url=self.target.database_url,
             group=group,

@@ -21,12 +21,11 @@ import psycopg
 from confluent_kafka import KafkaException
 
 from kinbox.bench import loaded, outbox, runs, workload
-from kinbox.bench.contenders import BY_NAME as CONTENDERS
+from kinbox.bench.contenders import Contender
 from kinbox.bench.context import Context
 from kinbox.bench.progress import Bar
 from kinbox.bench.resources import Interrupted, Namespace
 from kinbox.bench.results import RunResult
-from kinbox.bench.scenarios import BY_NAME as SCENARIOS
 from kinbox.bench.scenarios import Scenario
 from kinbox.bench.spec import Sizes, Target
 from kinbox.errors import KinboxError
@@ -48,13 +47,17 @@ class Outcome:
         return [r for r in self.results if not r.ok]
 
 
-def plan_size(scenarios: Sequence[Scenario], contenders: Sequence[str], sizes: Sizes) -> int:
+def chosen(scenario: Scenario, contenders: Sequence[Contender]) -> list[Contender]:
+    """The contenders among ``contenders`` that ``scenario`` applies to, in their order."""
+    return [c for c in contenders if c.name in scenario.contenders]
+
+
+def plan_size(scenarios: Sequence[Scenario], contenders: Sequence[Contender], sizes: Sizes) -> int:
     """How many runs the plan holds (for the progress bar)."""
     count = 0
     for scenario in scenarios:
-        repeat = scenario.repeat or sizes.repeat
-        chosen = [c for c in scenario.contenders if c in contenders or c == "relay"]
-        count += repeat * len(chosen)
+        runners = 1 if scenario.kind == "outbox" else len(chosen(scenario, contenders))
+        count += (scenario.repeat or sizes.repeat) * runners
     return count
 
 
@@ -64,8 +67,9 @@ class Harness:
     Args:
         target: the cluster and database, and the namespace prefix.
         sizes: how much work each scenario does.
-        scenarios: names from :data:`~kinbox.bench.scenarios.SCENARIOS`.
-        contenders: names from :data:`~kinbox.bench.contenders.CONTENDERS`.
+        scenarios: from :data:`~kinbox.bench.scenarios.SCENARIOS` (or a test's own).
+        contenders: from :data:`~kinbox.bench.contenders.CONTENDERS` (or a test's own);
+            one whose optional package is missing is skipped and said so.
         log_dir: where the processes' logs go (a temporary directory by default).
     """
 
@@ -73,22 +77,22 @@ class Harness:
         self,
         target: Target,
         sizes: Sizes,
-        scenarios: Sequence[str],
-        contenders: Sequence[str],
+        scenarios: Sequence[Scenario],
+        contenders: Sequence[Contender],
         log_dir: Path | None = None,
         stream_bar: bool = True,
     ) -> None:
         self.target = target
         self.sizes = sizes
-        self.scenarios = [SCENARIOS[name] for name in scenarios]
+        self.scenarios = list(scenarios)
         self.outcome = Outcome()
-        self.contenders = []
-        for name in contenders:
-            if CONTENDERS[name].available():
-                self.contenders.append(name)
+        self.contenders: list[Contender] = []
+        for contender in contenders:
+            if contender.available():
+                self.contenders.append(contender)
             else:
                 self.outcome.skipped.append(
-                    f"{name}: needs {CONTENDERS[name].needs} (pip install 'kinbox[bench]')"
+                    f"{contender.name}: needs {contender.needs} (pip install 'kinbox[bench]')"
                 )
         self.namespace = Namespace(target)
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="kinbox-bench-"))
@@ -126,23 +130,25 @@ class Harness:
         return self.namespace.remove()
 
     def _scenario(self, index: int, scenario: Scenario) -> None:
-        chosen = [c for c in scenario.contenders if c in self.contenders]
+        runners = chosen(scenario, self.contenders)
         repeat = scenario.repeat or self.sizes.repeat
         if scenario.kind == "outbox":
             for rep in range(repeat):
                 self._execute(f"outbox · rep {rep + 1}", "outbox", "relay", rep, self._outbox(rep))
             return
-        if not chosen:
+        if not runners:
             return
-        stages = self._stages(index, scenario, chosen)
+        stages = self._stages(index, scenario, runners)
         if scenario.kind == "large":
             self._preload()
         for rep in range(repeat):
-            order = chosen[rep % len(chosen) :] + chosen[: rep % len(chosen)]
-            for name in order:
-                job = self._job(scenario, name, rep, stages)
-                label = f"{scenario.name} · {name} · rep {rep + 1}"
-                self._execute(label, scenario.name, name, rep, self._run(scenario, job, index))
+            order = runners[rep % len(runners) :] + runners[: rep % len(runners)]
+            for contender in order:
+                job = self._job(scenario, contender, rep, stages)
+                label = f"{scenario.name} · {contender.name} · rep {rep + 1}"
+                self._execute(
+                    label, scenario.name, contender.name, rep, self._run(scenario, job, index)
+                )
 
     def _execute(
         self, label: str, scenario: str, contender: str, rep: int,
@@ -190,14 +196,16 @@ class Harness:
             return loaded.latency(self.ctx, job)
         return runs.steady(self.ctx, job)
 
-    def _stages(self, index: int, scenario: Scenario, chosen: list[str]) -> dict[str, runs.Stage]:
+    def _stages(
+        self, index: int, scenario: Scenario, runners: list[Contender]
+    ) -> dict[str, runs.Stage]:
         """Produce the scenario's topics (one per contender scale); map contender → stage."""
         if scenario.kind in ("large", "latency"):
             return {}  # a topic per run, made by the run
         sizes = {
-            name: self.sizes.backlog_events if scenario.pad else
-            self.sizes.scaled(CONTENDERS[name].scale) for name in chosen
-        }  # fmt: skip
+            c.name: self.sizes.backlog_events if scenario.pad else self.sizes.scaled(c.scale)
+            for c in runners
+        }
         full = workload.build(
             max(sizes.values()), scenario.duplicates, seed=index, pad=scenario.pad
         )
@@ -210,9 +218,9 @@ class Harness:
         return {name: made[events] for name, events in sizes.items()}
 
     def _job(
-        self, scenario: Scenario, name: str, rep: int, stages: dict[str, runs.Stage]
+        self, scenario: Scenario, contender: Contender, rep: int, stages: dict[str, runs.Stage]
     ) -> runs.Job:
-        contender = CONTENDERS[name]
+        name = contender.name
         if scenario.kind == "large":
             topic = self.namespace.topic("large", name, str(rep))
             schema, group = self.namespace.schema("large"), self.namespace.group("large")

@@ -95,7 +95,7 @@ def latency(ctx: Context, job: Job) -> RunResult:
     _prepare(ctx, job)
     topic = ctx.namespace.create_topic(job.stage.topic)
     result = job.result()
-    spec = ctx.spec(job.contender.name, job.group, topic, job.schema, job.table)
+    spec = ctx.spec(job.contender, job.group, topic, job.schema, job.table)
     child = ctx.start(spec, job.name)
     ctx.wait_assigned(job.group, child)
     work = workload.build(round(sizes.latency_rate * sizes.latency_seconds), seed=7)

@@ -110,7 +110,7 @@ def steady(ctx: Context, job: Job) -> RunResult:
     progress = Progress(ctx.target, job.group, job.stage.topic, job.stage.ends)
     started = time.monotonic()
     try:
-        child = ctx.start(ctx.spec(job.contender.name, job.group, job.stage.topic, job.schema,
+        child = ctx.start(ctx.spec(job.contender, job.group, job.stage.topic, job.schema,
                                    job.table), job.name)  # fmt: skip
         _watch(ctx, job, child, progress)
         _stop(child)
@@ -131,7 +131,7 @@ def redelivery(ctx: Context, job: Job) -> RunResult:
     # Static membership: the restarted process takes its partitions back at
     # once; a short session ends the group after the last (graceful) stop.
     spec = ctx.spec(
-        job.contender.name,
+        job.contender,
         job.group,
         job.stage.topic,
         job.schema,
@@ -179,7 +179,7 @@ def replay(ctx: Context, job: Job) -> RunResult:
     progress = Progress(ctx.target, job.group, job.stage.topic, job.stage.ends)
     started = time.monotonic()
     try:
-        child = ctx.start(ctx.spec(job.contender.name, job.group, job.stage.topic, job.schema,
+        child = ctx.start(ctx.spec(job.contender, job.group, job.stage.topic, job.schema,
                                    job.table), f"{job.name}-replay")  # fmt: skip
         _watch(ctx, job, child, progress)
         _stop(child)
@@ -215,7 +215,7 @@ def storm(ctx: Context, job: Job) -> RunResult:
     """Members join and leave while the topic is consumed (1 → 2 → 3 → 2 → 1)."""
     _prepare(ctx, job)
     result = job.result()
-    spec = ctx.spec(job.contender.name, job.group, job.stage.topic, job.schema, job.table)
+    spec = ctx.spec(job.contender, job.group, job.stage.topic, job.schema, job.table)
     members = [ctx.start(spec, f"{job.name}-m0")]
     leaving: list[Child] = []
     plan = list(STORM)

@@ -108,6 +108,8 @@ class ChildSpec:
     """Everything a contender's consumer process needs, passed as JSON in its environment."""
 
     contender: str
+    entry: str
+    """``module:function`` that runs the contender, given this spec."""
     bootstrap_servers: str
     database_url: str
     group: str

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable
 from dataclasses import dataclass
-
-from kinbox.bench.spec import ChildSpec
 
 
 @dataclass(frozen=True)
@@ -42,12 +39,6 @@ class Contender:
     def available(self) -> bool:
         """Whether what it needs is installed."""
         return self.needs is None or importlib.util.find_spec(self.needs) is not None
-
-    def entry_point(self) -> Callable[[ChildSpec], None]:
-        """Import the function that runs it."""
-        module, _, function = self.entry.partition(":")
-        found: Callable[[ChildSpec], None] = getattr(importlib.import_module(module), function)
-        return found
 
 
 _HERE = "kinbox.bench.contenders"
