@@ -57,7 +57,7 @@ def plan_size(scenarios: Sequence[Scenario], contenders: Sequence[Contender], si
     count = 0
     for scenario in scenarios:
         runners = 1 if scenario.kind == "outbox" else len(chosen(scenario, contenders))
-        count += (scenario.repeat or sizes.repeat) * runners
+        count += scenario.repeats(sizes.repeat) * runners
     return count
 
 
@@ -131,7 +131,7 @@ class Harness:
 
     def _scenario(self, index: int, scenario: Scenario) -> None:
         runners = chosen(scenario, self.contenders)
-        repeat = scenario.repeat or self.sizes.repeat
+        repeat = scenario.repeats(self.sizes.repeat)
         if scenario.kind == "outbox":
             for rep in range(repeat):
                 self._execute(f"outbox · rep {rep + 1}", "outbox", "relay", rep, self._outbox(rep))

@@ -188,7 +188,10 @@ def markdown(data: dict[str, Any], outcome: Outcome) -> str:
 
 
 def chart(data: dict[str, Any], path: Path) -> bool:
-    """Bars of events/s per scenario and contender (log scale); ``False`` without matplotlib."""
+    """Bars of events/s per scenario and contender (log scale).
+
+    Returns ``False`` (and draws nothing) without matplotlib or without a timed run.
+    """
     try:
         import matplotlib
 
@@ -197,6 +200,8 @@ def chart(data: dict[str, Any], path: Path) -> bool:
     except ImportError:
         return False
     rows = [s for s in data["summaries"] if s["comparable"] and s["contender"] in CONTENDERS]
+    if not rows:
+        return False  # nothing was timed (the quick mode): no chart rather than an empty one
     scenarios = [n for n in SCENARIOS if any(s["scenario"] == n for s in rows)]
     names = [c for c in CONTENDERS if any(s["contender"] == c for s in rows)]
     fig, ax = plt.subplots(figsize=(12, 5.5))
