@@ -49,6 +49,7 @@ def execute(
     harness = Harness(target, sizes, scenarios, contenders, stream_bar=progress)
     click.echo(f"kinbox bench: prefix {target.prefix}, logs in {harness.log_dir}", err=True)
     status = 0
+    left: list[str] = []
     try:
         with interruptible():
             try:
@@ -58,7 +59,8 @@ def execute(
                 if left:
                     click.echo("kinbox bench: could not remove: " + "; ".join(left), err=True)
     except Interrupted as exc:
-        click.echo(f"kinbox bench: {exc}; its topics, groups and schema are removed", err=True)
+        done = "some of its resources are left (above)" if left else "everything it made is removed"
+        click.echo(f"kinbox bench: {exc}; {done}", err=True)
         return EXIT_INTERRUPTED
     data = report.to_json(target, sizes, outcome)
     text = report.markdown(data, outcome)

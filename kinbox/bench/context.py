@@ -53,14 +53,23 @@ class Context:
         )
 
     def start(self, spec: ChildSpec, name: str, failpoints: str = "") -> Child:
-        """Start a contender process; it is killed by :meth:`kill_all` if still running."""
+        """Start a contender process; :meth:`stop_all` stops it if still running."""
         child = start_contender(spec, name, self.log_dir, failpoints)
         self.children.append(child)
         return child
 
-    def kill_all(self) -> None:
-        """SIGKILL every process this run started (the interrupted or failed path)."""
+    def stop_all(self, timeout: float = 15.0) -> None:
+        """Stop every process this run started: SIGTERM, then SIGKILL after ``timeout``.
+
+        The interrupted or failed path. A clean stop lets a consumer leave its
+        group, so the group can be deleted at once; a killed member would hold
+        it until its session times out.
+        """
         for child in self.children:
+            child.terminate()
+        deadline = time.monotonic() + timeout
+        for child in self.children:
+            child.wait_exit(max(0.0, deadline - time.monotonic()))
             child.kill()
         self.children.clear()
 

@@ -126,7 +126,7 @@ class Harness:
 
     def cleanup(self) -> list[str]:
         """Kill the processes still running and remove every topic, group and schema."""
-        self.ctx.kill_all()
+        self.ctx.stop_all()
         return self.namespace.remove()
 
     def _scenario(self, index: int, scenario: Scenario) -> None:
@@ -165,7 +165,7 @@ class Harness:
         except Interrupted:
             raise
         except (KinboxError, psycopg.Error, KafkaException) as exc:
-            self.ctx.kill_all()
+            self.ctx.stop_all()
             failed = RunResult(scenario, contender, rep, ok=False, error=str(exc))
             self.outcome.results.append(failed)
             self._say(f"*** FAILED: {label}: {exc}")

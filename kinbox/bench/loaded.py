@@ -12,7 +12,7 @@ from kinbox.bench import effects, workload
 from kinbox.bench.context import Context
 from kinbox.bench.observe import Progress
 from kinbox.bench.results import RunResult
-from kinbox.bench.runs import Job, Stage, _check, _prepare, _stop, _watch
+from kinbox.bench.runs import Job, Stage, check, prepare, steady, stop, watch
 
 
 def preload(ctx: Context, schema: str, consumer: str, rows: int) -> float:
@@ -84,15 +84,13 @@ def large(ctx: Context, job: Job, events: int, seed: int) -> RunResult:
         job.scenario, job.contender, job.rep,
         Stage(topic, ends, work.distinct, work.deliveries), job.schema, job.group,
     )  # fmt: skip
-    from kinbox.bench.runs import steady
-
     return steady(ctx, staged)
 
 
 def latency(ctx: Context, job: Job) -> RunResult:
     """Offer ``latency_rate`` events/s to a running member; produce → effect committed."""
     sizes = ctx.sizes
-    _prepare(ctx, job)
+    prepare(ctx, job)
     topic = ctx.namespace.create_topic(job.stage.topic)
     result = job.result()
     spec = ctx.spec(job.contender, job.group, topic, job.schema, job.table)
@@ -108,8 +106,8 @@ def latency(ctx: Context, job: Job) -> RunResult:
     )  # fmt: skip
     progress = Progress(ctx.target, job.group, topic, ends)
     try:
-        _watch(ctx, staged, child, progress)
-        _stop(child)
+        watch(ctx, staged, child, progress)
+        stop(child)
     finally:
         progress.close()
     result.peak_rss = child.peak_rss
@@ -119,4 +117,4 @@ def latency(ctx: Context, job: Job) -> RunResult:
     result.latency_method = measured.method
     result.notes["offered_per_s"] = sizes.latency_rate
     result.notes["samples"] = measured.samples
-    return _check(ctx, staged, result, work.deliveries)
+    return check(ctx, staged, result, work.deliveries)

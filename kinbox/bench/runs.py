@@ -1,6 +1,6 @@
 """How each kind of scenario runs one contender once, and checks it.
 
-Every procedure ends in :func:`_check`: the effects are counted while the
+Every procedure ends in :func:`check`: the effects are counted while the
 run's processes are stopped, and a mismatch raises
 :class:`~kinbox.bench.effects.CheckFailed` before any figure is kept.
 """
@@ -64,12 +64,18 @@ def _timeout(records: int) -> float:
     return 120.0 + records / 20
 
 
-def _prepare(ctx: Context, job: Job) -> None:
+def prepare(ctx: Context, job: Job) -> None:
+    """Create the run's empty effect table."""
     with ctx.connect() as conn:
         effects.create_table(conn, job.schema, job.table)
 
 
-def _stop(child: Child, *, young: bool = False) -> None:
+def stop(child: Child, *, young: bool = False) -> None:
+    """Stop ``child`` cleanly (SIGTERM); anything but exit 0 is a failure of the run.
+
+    Raises:
+        KinboxError: the process did not exit cleanly (its log tail attached).
+    """
     status = child.stop()
     # A member told to leave while still starting (the storm's quick mode) dies
     # of the SIGTERM's default action: it had not subscribed yet, so nothing
@@ -78,7 +84,7 @@ def _stop(child: Child, *, young: bool = False) -> None:
         raise KinboxError(f"{child.name} exited {status} on SIGTERM\n{child.log_tail()}")
 
 
-def _check(ctx: Context, job: Job, result: RunResult, deliveries: int) -> RunResult:
+def check(ctx: Context, job: Job, result: RunResult, deliveries: int) -> RunResult:
     """Count the effects; raise CheckFailed unless the contender kept its promise."""
     with ctx.connect() as conn:
         found = effects.tally(conn, job.schema, job.table)
@@ -92,7 +98,13 @@ def _check(ctx: Context, job: Job, result: RunResult, deliveries: int) -> RunRes
     return result
 
 
-def _watch(ctx: Context, job: Job, child: Child, progress: Progress) -> None:
+def watch(ctx: Context, job: Job, child: Child, progress: Progress) -> None:
+    """Sample ``progress`` (and the child's RSS) until the topic is done.
+
+    Raises:
+        KinboxError: the child exited or the run got stuck (its log tail attached).
+    """
+
     def sampled(fraction: float) -> None:
         child.sample_rss()
         ctx.tick(fraction)
@@ -105,25 +117,25 @@ def _watch(ctx: Context, job: Job, child: Child, progress: Progress) -> None:
 
 def steady(ctx: Context, job: Job) -> RunResult:
     """One member consumes the whole topic."""
-    _prepare(ctx, job)
+    prepare(ctx, job)
     result = job.result()
     progress = Progress(ctx.target, job.group, job.stage.topic, job.stage.ends)
     started = time.monotonic()
     try:
         child = ctx.start(ctx.spec(job.contender, job.group, job.stage.topic, job.schema,
                                    job.table), job.name)  # fmt: skip
-        _watch(ctx, job, child, progress)
-        _stop(child)
+        watch(ctx, job, child, progress)
+        stop(child)
     finally:
         progress.close()
     result.rate, result.peak_rss = progress.rate(), child.peak_rss
     result.seconds = time.monotonic() - started
-    return _check(ctx, job, result, job.stage.deliveries)
+    return check(ctx, job, result, job.stage.deliveries)
 
 
 def redelivery(ctx: Context, job: Job) -> RunResult:
     """Kill the member between DB commit and offset commit, restart it; repeat ``kills`` times."""
-    _prepare(ctx, job)
+    prepare(ctx, job)
     result = job.result()
     kills = ctx.sizes.kills
     every = max(1, round(job.stage.deliveries / (kills + 1) / job.contender.commit_size))
@@ -162,13 +174,13 @@ def redelivery(ctx: Context, job: Job) -> RunResult:
             if time.monotonic() > deadline:
                 raise KinboxError(f"{job.group}: not done in time\n{child.log_tail()}")
             time.sleep(INTERVAL)
-        _stop(child)
+        stop(child)
     finally:
         progress.close()
     result.rate, result.peak_rss = progress.rate(), max(peak, child.peak_rss)
     result.seconds = time.monotonic() - started
     result.notes["redelivered"] = redelivered
-    return _check(ctx, job, result, job.stage.deliveries + redelivered)
+    return check(ctx, job, result, job.stage.deliveries + redelivered)
 
 
 def replay(ctx: Context, job: Job) -> RunResult:
@@ -181,14 +193,14 @@ def replay(ctx: Context, job: Job) -> RunResult:
     try:
         child = ctx.start(ctx.spec(job.contender, job.group, job.stage.topic, job.schema,
                                    job.table), f"{job.name}-replay")  # fmt: skip
-        _watch(ctx, job, child, progress)
-        _stop(child)
+        watch(ctx, job, child, progress)
+        stop(child)
     finally:
         progress.close()
     result.rate, result.peak_rss = progress.rate(), max(first.peak_rss, child.peak_rss)
     result.seconds = time.monotonic() - started
     result.notes["first_pass_rate"] = first.rate
-    return _check(ctx, job, result, 2 * job.stage.deliveries)
+    return check(ctx, job, result, 2 * job.stage.deliveries)
 
 
 def _reset_offsets(ctx: Context, job: Job, timeout: float = 60.0) -> None:
@@ -213,7 +225,7 @@ STORM = ((0.2, "join"), (0.4, "join"), (0.6, "leave"), (0.8, "leave"))
 
 def storm(ctx: Context, job: Job) -> RunResult:
     """Members join and leave while the topic is consumed (1 → 2 → 3 → 2 → 1)."""
-    _prepare(ctx, job)
+    prepare(ctx, job)
     result = job.result()
     spec = ctx.spec(job.contender, job.group, job.stage.topic, job.schema, job.table)
     members = [ctx.start(spec, f"{job.name}-m0")]
@@ -244,11 +256,11 @@ def storm(ctx: Context, job: Job) -> RunResult:
         except Stuck as exc:
             raise KinboxError(f"{exc}\n{members[0].log_tail() if members else ''}") from None
         for member in members + leaving:
-            _stop(member, young=True)
+            stop(member, young=True)
     finally:
         progress.close()
     result.rate = progress.rate()
     result.peak_rss = max(m.peak_rss for m in members + leaving)
     result.seconds = time.monotonic() - started
     result.notes["members"] = len(members) + len(leaving)
-    return _check(ctx, job, result, job.stage.deliveries)
+    return check(ctx, job, result, job.stage.deliveries)
