@@ -193,10 +193,10 @@ def chart(data: dict[str, Any], path: Path) -> bool:
     Returns ``False`` (and draws nothing) without matplotlib or without a timed run.
     """
     try:
-        import matplotlib
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return False
     rows = [s for s in data["summaries"] if s["comparable"] and s["contender"] in CONTENDERS]
