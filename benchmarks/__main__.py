@@ -75,7 +75,6 @@ def main() -> None:
             sizes,
             *select(args.scenario or (), args.contender or ()),
             out_dir=args.out,
-            progress=sys.stderr.isatty(),
         )
     sys.exit(status)
 

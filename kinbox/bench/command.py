@@ -191,7 +191,6 @@ def bench(
     try:
         status = execute(
             target, chosen, *select(scenarios, contenders), out_dir=out_dir, json_path=json_path,
-            progress=sys.stderr.isatty(),
         )  # fmt: skip
     except KinboxError as exc:
         die(str(exc), 1)
