@@ -26,7 +26,7 @@ from kinbox.bench.context import Context
 from kinbox.bench.progress import Bar
 from kinbox.bench.resources import Interrupted, Namespace
 from kinbox.bench.results import RunResult
-from kinbox.bench.scenarios import Scenario
+from kinbox.bench.scenarios import EMPTY, Scenario
 from kinbox.bench.spec import Sizes, Target
 from kinbox.errors import KinboxError
 
@@ -57,7 +57,8 @@ def plan_size(scenarios: Sequence[Scenario], contenders: Sequence[Contender], si
     count = 0
     for scenario in scenarios:
         runners = 1 if scenario.kind == "outbox" else len(chosen(scenario, contenders))
-        count += scenario.repeats(sizes.repeat) * runners
+        variants = 2 if scenario.kind == "large" else 1
+        count += scenario.repeats(sizes.repeat) * runners * variants
     return count
 
 
@@ -141,14 +142,43 @@ class Harness:
         stages = self._stages(index, scenario, runners)
         if scenario.kind == "large":
             self._preload()
+        if scenario.kind == "latency":
+            runners = self._unsaturated(runners)
+        # The large table's control: the same run on an empty table, right
+        # before it, so the two differ in the table and in nothing else.
+        variants = (EMPTY, scenario.name) if scenario.kind == "large" else (scenario.name,)
         for rep in range(repeat):
             order = runners[rep % len(runners) :] + runners[: rep % len(runners)]
             for contender in order:
-                job = self._job(scenario, contender, rep, stages)
-                label = f"{scenario.name} · {contender.name} · rep {rep + 1}"
-                self._execute(
-                    label, scenario.name, contender.name, rep, self._run(scenario, job, index)
+                for variant in variants:
+                    job = self._job(scenario, contender, rep, stages, variant)
+                    label = f"{variant} · {contender.name} · rep {rep + 1}"
+                    self._execute(
+                        label, variant, contender.name, rep, self._run(scenario, job, index)
+                    )
+
+    def _unsaturated(self, runners: list[Contender]) -> list[Contender]:
+        """Drop the contenders whose clean-stream rate cannot take the offered load.
+
+        Their latency would only measure how long their queue has grown.
+        """
+        offered = self.sizes.latency_rate
+        keep = []
+        for contender in runners:
+            rates = [
+                r.rate for r in self.outcome.results
+                if r.scenario == "clean" and r.contender == contender.name and r.ok and r.rate
+            ]  # fmt: skip
+            if rates and max(rates) < 1.1 * offered:
+                self.outcome.skipped.append(
+                    f"latency · {contender.name}: its clean-stream rate ({max(rates):,.0f}/s) "
+                    f"cannot take {offered:,}/s offered; the figure would measure its queue"
                 )
+                if self.bar is not None:
+                    self.bar.total -= 1  # the latency scenario runs once
+            else:
+                keep.append(contender)
+        return keep
 
     def _execute(
         self, label: str, scenario: str, contender: str, rep: int,
@@ -190,7 +220,7 @@ class Harness:
         if scenario.kind == "large":
             events = self.sizes.scaled(job.contender.scale)
             # Fresh ids for every run: the runs share one group, hence one dedup scope.
-            seed = zlib.crc32(f"{index}/{job.contender.name}/{job.rep}".encode())
+            seed = zlib.crc32(f"{index}/{job.scenario}/{job.contender.name}/{job.rep}".encode())
             return loaded.large(self.ctx, job, events, seed=seed)
         if scenario.kind == "latency":
             return loaded.latency(self.ctx, job)
@@ -218,15 +248,15 @@ class Harness:
         return {name: made[events] for name, events in sizes.items()}
 
     def _job(
-        self, scenario: Scenario, contender: Contender, rep: int, stages: dict[str, runs.Stage]
-    ) -> runs.Job:
+        self, scenario: Scenario, contender: Contender, rep: int,
+        stages: dict[str, runs.Stage], variant: str,
+    ) -> runs.Job:  # fmt: skip
         name = contender.name
         if scenario.kind == "large":
-            topic = self.namespace.topic("large", name, str(rep))
-            schema, group = self.namespace.schema("large"), self.namespace.group("large")
-            return runs.Job(
-                scenario.name, contender, rep, runs.Stage(topic, {}, 0, 0), schema, group
-            )
+            # One group (one dedup scope) per table, whose rows the preload made.
+            topic = self.namespace.topic(variant, name, str(rep))
+            schema, group = self.namespace.schema(variant), self.namespace.group(variant)
+            return runs.Job(variant, contender, rep, runs.Stage(topic, {}, 0, 0), schema, group)
         if scenario.kind == "latency":
             topic = self.namespace.topic("latency", name, str(rep))
             stage = runs.Stage(topic, {}, 0, 0)
@@ -240,6 +270,7 @@ class Harness:
         from kinbox.store import apply_migrations
 
         schema = self.namespace.schema("large")
+        apply_migrations(self.target.database_url, self.namespace.schema(EMPTY), [INBOX])
         apply_migrations(self.target.database_url, schema, [INBOX])
         self._say(f"loading {self.sizes.large_rows:,} rows into {schema}.processed_events ...")
         seconds = loaded.preload(

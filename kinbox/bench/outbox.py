@@ -52,6 +52,7 @@ def run(ctx: Context, schema: str, rep: int) -> list[RunResult]:
 
     topic = ctx.namespace.create_topic(ctx.namespace.topic("outbox", str(rep)))
     rows, samples = ctx.sizes.outbox_rows, ctx.sizes.outbox_samples
+    began = time.monotonic()
     with ctx.connect() as conn:
         with conn.transaction(), conn.pipeline():
             for n in range(rows):
@@ -59,6 +60,7 @@ def run(ctx: Context, schema: str, rep: int) -> list[RunResult]:
         table = sql.Identifier(schema, "outbox")
         relay = _relay(ctx, schema, f"outbox-relay-{rep}")
         backlog = RunResult("outbox", "relay-backlog", rep)
+        backlog.notes["enqueue_s"] = round(time.monotonic() - began, 1)
         started = time.monotonic()
         pending = sql.SQL("SELECT count(*) FROM {} WHERE status = 'pending'").format(table)
         while True:
@@ -85,8 +87,10 @@ def run(ctx: Context, schema: str, rep: int) -> list[RunResult]:
         results = [backlog]
         for notify in (True, False):
             name = "relay-notify" if notify else "relay-polling"
+            began = time.monotonic()
             values = _latency(ctx, conn, schema, topic, samples, notify=notify)
             result = RunResult("outbox", name, rep, records=samples)
+            result.notes["latency_s"] = round(time.monotonic() - began, 1)
             cuts = statistics.quantiles(values, n=100, method="inclusive")
             result.p50_ms, result.p99_ms = 1000 * cuts[49], 1000 * cuts[98]
             result.latency_method = "COMMIT returned → record polled by a consumer"

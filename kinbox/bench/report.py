@@ -22,7 +22,7 @@ from psycopg import sql
 from kinbox.bench.contenders import BY_NAME as CONTENDERS
 from kinbox.bench.harness import Outcome
 from kinbox.bench.results import Summary, find, summarise
-from kinbox.bench.scenarios import BY_NAME as SCENARIOS
+from kinbox.bench.scenarios import TITLES
 from kinbox.bench.spec import Sizes, Target
 
 RELAY_LABELS = {
@@ -90,8 +90,8 @@ def headline(summaries: Sequence[Summary]) -> dict[str, float | None]:
             rate("replay", "kinbox-batch"), rate("clean", "kinbox-batch")
         ),
         "each_replay_vs_clean": ratio(rate("replay", "kinbox-each"), rate("clean", "kinbox-each")),
-        "batch_large_vs_clean": ratio(rate("large", "kinbox-batch"), rate("clean", "kinbox-batch")),
-        "each_large_vs_clean": ratio(rate("large", "kinbox-each"), rate("clean", "kinbox-each")),
+        "batch_large_vs_empty": ratio(rate("large", "kinbox-batch"), rate("empty", "kinbox-batch")),
+        "each_large_vs_empty": ratio(rate("large", "kinbox-each"), rate("empty", "kinbox-each")),
         "batch_latency_p50_ms": get("latency", "kinbox-batch", "p50_ms"),
         "batch_latency_p99_ms": get("latency", "kinbox-batch", "p99_ms"),
         "each_latency_p50_ms": get("latency", "kinbox-each", "p50_ms"),
@@ -167,7 +167,7 @@ def markdown(data: dict[str, Any], outcome: Outcome) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summarise(outcome.results):
-        scenario = SCENARIOS[s.scenario].title if s.scenario in SCENARIOS else s.scenario
+        scenario = TITLES.get(s.scenario, s.scenario)
         latency = "-" if s.p50_ms is None else f"{s.p50_ms:.1f} / {_num(s.p99_ms, 1)}"
         lines.append(
             f"| {scenario} | {_label(s.contender)} | {_rate_cell(s)} | {_ratio(s.vs_article)} "
@@ -202,7 +202,7 @@ def chart(data: dict[str, Any], path: Path) -> bool:
     rows = [s for s in data["summaries"] if s["comparable"] and s["contender"] in CONTENDERS]
     if not rows:
         return False  # nothing was timed (the quick mode): no chart rather than an empty one
-    scenarios = [n for n in SCENARIOS if any(s["scenario"] == n for s in rows)]
+    scenarios = [n for n in TITLES if any(s["scenario"] == n for s in rows)]
     names = [c for c in CONTENDERS if any(s["contender"] == c for s in rows)]
     fig, ax = plt.subplots(figsize=(12, 5.5))
     width = 0.8 / max(1, len(names))
@@ -219,7 +219,7 @@ def chart(data: dict[str, Any], path: Path) -> bool:
     ax.set_yscale("log")
     ax.set_ylabel("events/s (log scale; bars: median, whiskers: min-max)")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(scenarios))])
-    ax.set_xticklabels([SCENARIOS[n].title for n in scenarios], rotation=20, ha="right")
+    ax.set_xticklabels([TITLES[n] for n in scenarios], rotation=20, ha="right")
     h = data["header"]
     ax.set_title(
         f"kinbox bench — Kafka {h['kafka']}, PostgreSQL {h['postgresql']['version']} "

@@ -11,7 +11,12 @@ import signal
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import (
+    ConsumerGroupState,
+    ConsumerGroupTopicPartitions,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from kinbox.bench import effects
@@ -204,19 +209,39 @@ def replay(ctx: Context, job: Job) -> RunResult:
 
 
 def _reset_offsets(ctx: Context, job: Job, timeout: float = 60.0) -> None:
-    """Set the group's offsets to 0 (it is empty: its member left cleanly)."""
+    """Set the group's offsets to 0, and read them back to be sure.
+
+    The broker takes new offsets only from an empty group, and may say no per
+    partition rather than for the request; a reset that silently did not
+    happen would make the replay's figure a measurement of nothing.
+
+    Raises:
+        KinboxError: the offsets are not 0 after ``timeout`` seconds.
+    """
     admin = AdminClient(ctx.target.client_config())
     parts = [TopicPartition(job.stage.topic, p, 0) for p in sorted(job.stage.ends)]
+    probe = Progress(ctx.target, job.group, job.stage.topic, job.stage.ends)
     deadline = time.monotonic() + timeout
-    while True:
-        request = [ConsumerGroupTopicPartitions(job.group, parts)]
-        try:
-            admin.alter_consumer_group_offsets(request)[job.group].result(10)
-            return
-        except KafkaException as exc:
-            if time.monotonic() > deadline:
-                raise KinboxError(f"resetting {job.group}'s offsets: {exc}") from exc
-            time.sleep(0.5)  # the group is still emptying
+    problem = ""
+    try:
+        while time.monotonic() < deadline:
+            try:
+                group = admin.describe_consumer_groups([job.group])[job.group].result(10)
+                if group.state == ConsumerGroupState.EMPTY:
+                    request = [ConsumerGroupTopicPartitions(job.group, parts)]
+                    done = admin.alter_consumer_group_offsets(request)[job.group].result(10)
+                    errors = [tp.error for tp in done.topic_partitions or [] if tp.error]
+                    problem = str(errors[0]) if errors else ""
+                    if not errors and not any(probe.committed().values()):
+                        return
+                else:
+                    problem = f"group is {group.state}, not empty"
+            except KafkaException as exc:
+                problem = str(exc)
+            time.sleep(0.5)
+    finally:
+        probe.close()
+    raise KinboxError(f"resetting {job.group}'s offsets to 0 failed: {problem}")
 
 
 STORM = ((0.2, "join"), (0.4, "join"), (0.6, "leave"), (0.8, "leave"))

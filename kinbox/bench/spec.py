@@ -64,7 +64,7 @@ class Target:
 class Sizes:
     """How much work each scenario does; :meth:`quick` and :meth:`long` scale it."""
 
-    events: int = 40_000
+    events: int = 30_000
     """Events per run for the fast contenders (kinbox, the set-based ceiling)."""
     repeat: int = 3
     """Runs of every contender in every throughput scenario (median and spread)."""
@@ -80,7 +80,7 @@ class Sizes:
     """The memory scenario's backlog of 1 KB events."""
     outbox_rows: int = 50_000
     """The relay's backlog."""
-    outbox_samples: int = 60
+    outbox_samples: int = 40
     """Outbox commits timed one by one, per wake-up mode."""
     min_events: int = 60
     """No run gets fewer events than this, whatever a contender's scale."""

@@ -84,11 +84,15 @@ def test_quick_mode_runs_and_checks_every_contender_in_every_scenario(
         left = harness.cleanup()
     assert left == [], left
     assert not outcome.failures, [(r.scenario, r.contender, r.error) for r in outcome.failures]
-    assert not outcome.skipped
+    # Only a contender too slow for the offered load sits out the latency run, and says so.
+    saturated = {s.split(":")[0].split(" · ")[1] for s in outcome.skipped}
+    assert all("cannot take" in s and s.startswith("latency · ") for s in outcome.skipped)
 
     ran = {(r.scenario, r.contender) for r in outcome.results}
     expected = {(s.name, c) for s in SCENARIOS if s.kind != "outbox" for c in s.contenders}
+    expected |= {("empty", c) for c in SCENARIO_NAMES["large"].contenders}
     expected |= {("outbox", n) for n in ("relay-backlog", "relay-notify", "relay-polling")}
+    expected -= {("latency", c) for c in saturated}
     assert ran == expected
 
     for r in outcome.results:
@@ -120,7 +124,7 @@ def test_quick_mode_runs_and_checks_every_contender_in_every_scenario(
         by[("redelivery", "inbox-off")].duplicates_applied
         == by[("redelivery", "inbox-off")].notes["redelivered"]
     )
-    for name in SCENARIO_NAMES["latency"].contenders:
+    for name in set(SCENARIO_NAMES["latency"].contenders) - saturated:
         latency = by[("latency", name)]
         assert latency.p50_ms is not None and latency.p99_ms is not None
     assert by[("outbox", "relay-backlog")].effects == sizes.outbox_rows

@@ -58,7 +58,7 @@ CONTENDERS: tuple[Contender, ...] = (
     ),
     Contender(
         "faststream", "FastStream + hand-written inbox", f"{_HERE}.faststream_inbox:run",
-        scale=0.1, commit_size=1, needs="faststream",
+        scale=0.03, commit_size=1, needs="faststream",
     ),
     Contender("ceiling", "hand-written set-based (ceiling)", f"{_HERE}.setbased:run"),
 )  # fmt: skip
