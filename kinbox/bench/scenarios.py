@@ -66,16 +66,16 @@ class Scenario:
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("clean", "clean stream", "steady"),
-    Scenario("retries10", "producer retries 10%", "steady", duplicates=0.10, repeat=2),
-    Scenario("retries50", "producer retries 50%", "steady", duplicates=0.50, repeat=2),
+    Scenario("retries10", "producer retries 10%", "steady", duplicates=0.10),
+    Scenario("retries50", "producer retries 50%", "steady", duplicates=0.50),
     Scenario(
-        "redelivery", "consumer killed after DB commit, restarted", "redelivery", repeat=2
+        "redelivery", "consumer killed after DB commit, restarted", "redelivery"
     ),
-    Scenario("replay", "full replay (100% duplicates)", "replay", repeat=2),
-    Scenario("storm", "rebalance storm (members join and leave)", "storm", repeat=2),
+    Scenario("replay", "full replay (100% duplicates)", "replay"),
+    Scenario("storm", "rebalance storm (members join and leave)", "storm"),
     Scenario(
         "large", "large processed_events", "large",
-        contenders=tuple(n for n in ALL if n != "inbox-off"), repeat=2,
+        contenders=tuple(n for n in ALL if n != "inbox-off"),
     ),
     Scenario("latency", "latency at offered load", "latency", repeat=1),
     Scenario(
