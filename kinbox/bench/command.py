@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -40,13 +41,14 @@ def execute(
     out_dir: Path | None = None,
     json_path: str | None = None,
     progress: bool = True,
+    log_dir: Path | None = None,
 ) -> int:
     """Run the benchmark, print the report, remove what it created; return the exit status."""
     from kinbox.bench import report
     from kinbox.bench.harness import Harness
     from kinbox.bench.resources import Interrupted, interruptible
 
-    harness = Harness(target, sizes, scenarios, contenders, stream_bar=progress)
+    harness = Harness(target, sizes, scenarios, contenders, log_dir=log_dir, stream_bar=progress)
     click.echo(f"kinbox bench: prefix {target.prefix}, logs in {harness.log_dir}", err=True)
     status = 0
     left: list[str] = []
@@ -61,6 +63,7 @@ def execute(
     except Interrupted as exc:
         done = "some of its resources are left (above)" if left else "everything it made is removed"
         click.echo(f"kinbox bench: {exc}; {done}", err=True)
+        shutil.rmtree(harness.log_dir, ignore_errors=True)
         return EXIT_INTERRUPTED
     data = report.to_json(target, sizes, outcome)
     text = report.markdown(data, outcome)
@@ -76,10 +79,13 @@ def execute(
     if outcome.failures:
         click.echo(
             f"kinbox bench: {len(outcome.failures)} run(s) FAILED their check; "
-            "no figure is reported for them (see above)",
+            f"no figure is reported for them (see above; logs in {harness.log_dir})",
             err=True,
         )
         status = EXIT_FAILED
+    else:
+        # Nothing to look into: the consumers' logs go with the run.
+        shutil.rmtree(harness.log_dir, ignore_errors=True)
     return status
 
 

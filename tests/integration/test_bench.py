@@ -157,7 +157,7 @@ def test_wrong_effects_fail_the_check_and_are_never_a_figure(stack: Stack, tmp_p
     # When the benchmark runs them
     status = execute(
         target, Sizes.quick(), [scenario], [doubling, dropping, honest],
-        out_dir=tmp_path, progress=False,
+        out_dir=tmp_path, progress=False, log_dir=tmp_path,
     )  # fmt: skip
     # Then it fails, names both, and reports no figure for them
     assert status == EXIT_FAILED
