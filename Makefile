@@ -34,8 +34,10 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
+## bench: every benchmark scenario on a throwaway local stack (about 20 minutes); see benchmarks/README.md
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 dev: $(STAMP)
 	$(BIN)/kinbox dev

@@ -1,48 +1,82 @@
-"""``python -m benchmarks``: print throughput figures and ratios on the local stack.
+"""``python -m benchmarks`` (``make bench``): the benchmark harness on a throwaway local stack.
 
-The stack runs PostgreSQL with ``fsync`` on, so every figure is for durable
-commits. Set ``KINBOX_TEST_BOOTSTRAP`` / ``KINBOX_TEST_DATABASE_URL`` to
-measure against other services. Nothing here asserts a speed; it prints.
+Starts Apache Kafka and PostgreSQL through :mod:`kinbox.devstack` — PostgreSQL
+with ``fsync`` on (every figure is for durable commits) and
+``track_commit_timestamp`` on (the latency scenario reads each effect's real
+commit time) — and runs exactly what ``kinbox bench`` runs against a team's
+own cluster (:mod:`kinbox.bench`). ``KINBOX_TEST_BOOTSTRAP`` /
+``KINBOX_TEST_DATABASE_URL`` point it at existing services instead.
+
+Writes ``bench.json``, ``bench.md`` and ``bench.png`` into ``--out``
+(``benchmarks/results`` by default); ``benchmarks/README.md`` quotes them.
+Nothing here asserts a speed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
+from pathlib import Path
 
-from benchmarks import inbox, outbox
-from kinbox.devstack.stack import local_stack
+from kinbox.bench.command import execute, new_prefix, select
+from kinbox.bench.contenders import CONTENDERS
+from kinbox.bench.scenarios import SCENARIOS
+from kinbox.bench.spec import Sizes, Target
+from kinbox.devstack.kafka import KafkaBroker
+from kinbox.devstack.postgres import PostgresServer
+from kinbox.devstack.stack import EXTERNAL_DATABASE_ENV, EXTERNAL_KAFKA_ENV
+
+RESULTS = Path(__file__).parent / "results"
+
+
+@contextmanager
+def stack() -> Iterator[Target]:
+    """The local Kafka and PostgreSQL (or the external ones named in the environment)."""
+    with ExitStack() as cleanup:
+        bootstrap = os.environ.get(EXTERNAL_KAFKA_ENV)
+        url = os.environ.get(EXTERNAL_DATABASE_ENV)
+        version = None
+        if not url:
+            postgres = PostgresServer(fsync=True, settings={"track_commit_timestamp": "on"})
+            cleanup.callback(postgres.close)
+            url = postgres.start().url
+        if not bootstrap:
+            kafka = KafkaBroker()
+            cleanup.callback(kafka.close)
+            bootstrap, version = kafka.start().bootstrap_servers, kafka.version
+        yield Target(bootstrap, url, new_prefix(), kafka_version=version)
 
 
 def main() -> None:
-    """Run the benchmarks and print a table."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("--events", type=int, default=30_000, help="events for kinbox runs")
-    parser.add_argument("--naive-events", type=int, default=3_000, help="events for the naive run")
-    parser.add_argument("--outbox-rows", type=int, default=20_000, help="rows for the relay run")
-    parser.add_argument("--latency-samples", type=int, default=100, help="commits timed one by one")
+    """Parse the options, start the stack, run, write the results."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds per run)")
+    parser.add_argument("--long", action="store_true", help="100M rows for the large scenario")
+    parser.add_argument("--scenario", action="append", choices=[s.name for s in SCENARIOS])
+    parser.add_argument("--contender", action="append", choices=[c.name for c in CONTENDERS])
+    parser.add_argument("--repeat", type=int, help="runs per contender and scenario")
+    parser.add_argument("--events", type=int, help="events per run for the fast contenders")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where bench.* go")
     args = parser.parse_args()
-    with local_stack(fsync=True) as stack:
-        print(stack.describe())
-        rows = inbox.run(
-            stack.bootstrap_servers,
-            stack.database_url,
-            events=args.events,
-            naive_events=args.naive_events,
+    sizes = Sizes.quick() if args.quick else Sizes()
+    if args.long:
+        sizes = sizes.long()
+    if args.repeat:
+        sizes = replace(sizes, repeat=args.repeat)
+    if args.events:
+        sizes = replace(sizes, events=args.events)
+    with stack() as target:
+        status = execute(
+            target,
+            sizes,
+            *select(args.scenario or (), args.contender or ()),
+            out_dir=args.out,
         )
-        relay = outbox.run(
-            stack.bootstrap_servers,
-            stack.database_url,
-            rows=args.outbox_rows,
-            samples=args.latency_samples,
-        )
-    baseline = rows[0][1] / rows[0][2]
-    print(f"\n{'consumer':<52} {'events':>8} {'seconds':>8} {'events/s':>10} {'ratio':>7}")
-    for name, count, seconds in rows:
-        rate = count / seconds
-        print(f"{name:<52} {count:>8} {seconds:>8.2f} {rate:>10.0f} {rate / baseline:>6.1f}x")
-    print(f"\n{'outbox':<52} {'count':>8} {'value':>10}")
-    for name, count, value, unit in relay:
-        print(f"{name:<52} {count:>8} {value:>10.1f} {unit}")
+    sys.exit(status)
 
 
 if __name__ == "__main__":

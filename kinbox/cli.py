@@ -162,10 +162,12 @@ def migrate(database_url: str | None, schema: str | None, print_sql: bool) -> No
 
 
 # Both ship in this distribution; imported last so `kinbox --help` lists them.
+from kinbox.bench.command import bench  # noqa: E402
 from kinbox.devstack.command import dev  # noqa: E402
 from kinbox.ops import dlq, inbox  # noqa: E402
 from producer_outbox.cli import outbox  # noqa: E402
 
+main.add_command(bench)
 main.add_command(dev)
 main.add_command(dlq)
 main.add_command(inbox)

@@ -1,0 +1,71 @@
+"""The contenders: kinbox three ways, the article's design, FastStream + an inbox, the ceiling.
+
+Every contender consumes the same events from the same topic and partitions
+and writes one business row per event (:mod:`kinbox.bench.effects`) into the
+same PostgreSQL; each runs in its own process (:mod:`kinbox.bench.child`).
+
+A contender's *scale* is the share of a scenario's events it gets: the
+article's design and FastStream are two orders of magnitude slower, and a
+full-size run of theirs would take the whole time budget. They get the first
+events of the very same workload (same ids, keys and duplicate pattern).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One way of applying Kafka events to PostgreSQL."""
+
+    name: str
+    """Short name for options and JSON."""
+    label: str
+    """What the report calls it."""
+    entry: str
+    """``module:function`` that consumes until SIGTERM, given a :class:`ChildSpec`."""
+    exactly_once: bool = True
+    """``False``: checked as at-least-once; duplicates applied are reported."""
+    scale: float = 1.0
+    """Share of the scenario's events this contender gets."""
+    commit_size: int = 167
+    """About how many events one database commit covers (sizes the redelivery kills)."""
+    needs: str | None = None
+    """An optional package this contender imports (``kinbox[bench]`` brings it)."""
+
+    def available(self) -> bool:
+        """Whether what it needs is installed."""
+        return self.needs is None or importlib.util.find_spec(self.needs) is not None
+
+
+_HERE = "kinbox.bench.contenders"
+
+CONTENDERS: tuple[Contender, ...] = (
+    Contender("kinbox-each", "kinbox @handler (per event)", f"{_HERE}.kinbox_runner:run_each"),
+    Contender(
+        "kinbox-batch", "kinbox @handler(batch=True)", f"{_HERE}.kinbox_runner:run_batch"
+    ),
+    Contender(
+        "inbox-off", "kinbox batch, inbox off (at-least-once)",
+        f"{_HERE}.kinbox_runner:run_inbox_off", exactly_once=False,
+    ),
+    Contender(
+        "article", "article's design (txn + offset commit per event)",
+        f"{_HERE}.article:run", scale=0.025, commit_size=1,
+    ),
+    Contender(
+        "faststream", "FastStream + hand-written inbox", f"{_HERE}.faststream_inbox:run",
+        scale=0.03, commit_size=1, needs="faststream",
+    ),
+    Contender("ceiling", "hand-written set-based (ceiling)", f"{_HERE}.setbased:run"),
+)  # fmt: skip
+"""Every contender, in report order."""
+
+BY_NAME = {c.name: c for c in CONTENDERS}
+ARTICLE = "article"
+"""The baseline of the ``xarticle`` column."""
+CEILING = "ceiling"
+"""The baseline of the ``xceiling`` column."""

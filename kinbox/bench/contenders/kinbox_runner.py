@@ -1,0 +1,151 @@
+"""kinbox itself: per-event handler, batch handler, and the same with the inbox turned off.
+
+The per-event and batch contenders run :func:`kinbox.worker.run`, the very
+code ``kinbox worker`` runs, with kinbox's default settings: what a user
+deploys, with nothing tuned for the benchmark.
+
+"Inbox off" shows what deduplication costs: the same :class:`~kinbox.runner.Runner`
+and batch handler over a store whose claim takes every event as fresh and
+records nothing, so no ``processed_events`` row is written or read. It is
+at-least-once: a duplicate is applied again, and the check counts it.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from types import FrameType
+from typing import Any
+
+from kinbox.app import App
+from kinbox.bench import effects
+from kinbox.bench.spec import ChildSpec
+from kinbox.config import Settings
+from kinbox.event import Event
+from kinbox.store import InboxStore, InboxTransaction
+
+
+def app(spec: ChildSpec, *, batch: bool) -> App:
+    """A kinbox app writing one effect row per event (set-based when ``batch``)."""
+    application = App(group_id=spec.group, schema=spec.schema)
+    if batch:
+        insert = effects.insert_many(spec.schema, spec.table)
+
+        def handle_batch(events: list[Event], tx: Any) -> None:
+            rows = [_row(e) for e in events]
+            tx.execute(insert, [list(c) for c in zip(*rows, strict=True)])
+
+        application.handler(spec.topic, batch=True)(handle_batch)
+    else:
+        insert = effects.insert_one(spec.schema, spec.table)
+
+        def handle(event: Event, tx: Any) -> None:
+            tx.execute(insert, _row(event))
+
+        application.handler(spec.topic)(handle)
+    return application
+
+
+def _row(event: Event) -> tuple[Any, ...]:
+    body = event.json()
+    return (
+        event.id,
+        event.partition,
+        event.offset,
+        body["userId"],
+        body["lessonId"],
+        body["sentAt"],
+    )
+
+
+def settings(application: App, spec: ChildSpec) -> Settings:
+    """Kinbox's defaults, plus where to connect (the environment is ignored: no tuning)."""
+    flags = {
+        "bootstrap_servers": spec.bootstrap_servers,
+        "database_url": spec.database_url,
+        "kafka_overrides": dict(spec.kafka),
+    }
+    return application.settings(flags, {}).validate()
+
+
+def run_each(spec: ChildSpec) -> None:
+    """``@handler``: one handler call per fresh event."""
+    from kinbox.worker import run
+
+    application = app(spec, batch=False)
+    run(application, settings(application, spec))
+
+
+def run_batch(spec: ChildSpec) -> None:
+    """``@handler(batch=True)``: one call per partition batch."""
+    from kinbox.worker import run
+
+    application = app(spec, batch=True)
+    run(application, settings(application, spec))
+
+
+class _NoClaim:
+    """An inbox transaction that claims everything and remembers nothing."""
+
+    def __init__(self, inner: InboxTransaction) -> None:
+        self._inner = inner
+
+    @property
+    def connection(self) -> Any:
+        return self._inner.connection
+
+    def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
+        return list(events)
+
+    def dead_letter(self, event: Event, reason: str) -> None:
+        """Nothing is recorded: without an inbox there is nowhere to say so."""
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        return self._inner.savepoint()
+
+    def unguarded(self) -> AbstractContextManager[None]:
+        return self._inner.unguarded()
+
+
+class InboxOff:
+    """An :class:`~kinbox.store.InboxStore` around the real one, with the claim removed."""
+
+    def __init__(self, inner: InboxStore) -> None:
+        self._inner = inner
+
+    @contextmanager
+    def transaction(self) -> Iterator[InboxTransaction]:
+        """The real transaction, whose claim takes every event as fresh."""
+        with self._inner.transaction() as tx:
+            yield _NoClaim(tx)
+
+    def close(self) -> None:
+        """Close the real store."""
+        self._inner.close()
+
+
+def run_inbox_off(spec: ChildSpec) -> None:
+    """The batch handler on kinbox's runner, without the inbox (at-least-once)."""
+    from kinbox.kafka import KafkaPublisher, KafkaTransport
+    from kinbox.runner import Runner
+    from kinbox.store import PostgresInboxStore
+
+    application = app(spec, batch=True)
+    config = settings(application, spec)
+    store = PostgresInboxStore(
+        config.database_url, schema=config.schema, consumer=config.group_id,
+        pool_size=config.pool_size,
+    )  # fmt: skip
+    store.open()
+    runner = Runner(
+        application, config, KafkaTransport(config), InboxOff(store),
+        publisher=KafkaPublisher(config),
+    )  # fmt: skip
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        runner.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    runner.run()

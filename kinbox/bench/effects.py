@@ -1,0 +1,189 @@
+"""The business effect every contender writes, and the check that each run must pass.
+
+One row per applied event in a table of the run's own (no unique key on the
+event id, on purpose: an event applied twice is two rows). The check compares
+the rows with the distinct events delivered:
+
+- an **exactly-once** contender passes when every event has exactly one row;
+- an **at-least-once** contender (the inbox turned off) passes when every event
+  has at least one row; the rows beyond that are reported as *duplicates
+  applied*, never hidden in a throughput figure.
+
+A run that fails its check raises :class:`CheckFailed`: loud, and never a figure.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from kinbox.errors import KinboxError
+
+COLUMNS = ("event_id", "partition", "offset", "user_id", "lesson_id", "sent_at")
+"""What a handler writes per event (``applied_at`` fills itself)."""
+
+
+class CheckFailed(KinboxError):
+    """A run's effects do not match what its contender promises."""
+
+
+def create_table(conn: psycopg.Connection[Any], schema: str, table: str) -> None:
+    """Create an empty effect table.
+
+    ``applied_at`` is the server's ``clock_timestamp()`` when the row was
+    written; the latency scenario prefers the transaction's commit time
+    (:func:`commit_time_available`).
+    """
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE {}.{} (event_id text NOT NULL, partition int NOT NULL,"
+            ' "offset" bigint NOT NULL, user_id text NOT NULL, lesson_id text NOT NULL,'
+            " sent_at double precision NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        ).format(sql.Identifier(schema), sql.Identifier(table))
+    )
+
+
+def insert_one(schema: str, table: str) -> sql.Composed:
+    """``INSERT`` of one effect row: parameters in :data:`COLUMNS` order."""
+    return sql.SQL("INSERT INTO {}.{} ({}) VALUES (%s, %s, %s, %s, %s, %s)").format(
+        sql.Identifier(schema), sql.Identifier(table), _columns()
+    )
+
+
+def insert_many(schema: str, table: str) -> sql.Composed:
+    """One set-based ``INSERT`` of many effect rows: one array per column of :data:`COLUMNS`."""
+    return sql.SQL(
+        "INSERT INTO {}.{} ({}) SELECT * FROM unnest("
+        "%s::text[], %s::int[], %s::bigint[], %s::text[], %s::text[], %s::float8[])"
+    ).format(sql.Identifier(schema), sql.Identifier(table), _columns())
+
+
+def _columns() -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(c) for c in COLUMNS)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What a run left in its effect table."""
+
+    rows: int
+    distinct: int
+
+    def check(self, expected: int, *, exactly_once: bool) -> int:
+        """Check against ``expected`` distinct events; return the duplicates applied.
+
+        Raises:
+            CheckFailed: an event is missing, or (exactly once) one was applied twice.
+        """
+        if self.distinct != expected:
+            raise CheckFailed(
+                f"{expected - self.distinct} of {expected} events have no effect "
+                f"({self.distinct} distinct events applied, {self.rows} rows)"
+            )
+        duplicates = self.rows - self.distinct
+        if exactly_once and duplicates:
+            raise CheckFailed(
+                f"{duplicates} duplicate effects: {self.rows} rows for {expected} events "
+                "(exactly once means one row per event)"
+            )
+        return duplicates
+
+
+def tally(conn: psycopg.Connection[Any], schema: str, table: str) -> Tally:
+    """Count the rows and distinct events in an effect table."""
+    row = conn.execute(
+        sql.SQL("SELECT count(*), count(DISTINCT event_id) FROM {}.{}").format(
+            sql.Identifier(schema), sql.Identifier(table)
+        )
+    ).fetchone()
+    assert row is not None
+    return Tally(int(row[0]), int(row[1]))
+
+
+def frontier(conn: psycopg.Connection[Any], schema: str, table: str) -> dict[int, int]:
+    """Per partition, one past the highest offset with a committed effect.
+
+    Right after a contender is killed between its database commit and its
+    offset commit, the records from the committed offset up to here are the
+    batch that will be delivered again.
+    """
+    rows = conn.execute(
+        sql.SQL('SELECT partition, max("offset") + 1 FROM {}.{} GROUP BY partition').format(
+            sql.Identifier(schema), sql.Identifier(table)
+        )
+    ).fetchall()
+    return {int(p): int(o) for p, o in rows}
+
+
+def commit_time_available(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server records commit times (``track_commit_timestamp = on``)."""
+    row = conn.execute("SHOW track_commit_timestamp").fetchone()
+    return bool(row and row[0] == "on")
+
+
+def clock_offset(conn: psycopg.Connection[Any], samples: int = 7) -> float:
+    """Seconds the server's clock is ahead of this machine's, from the fastest round trip."""
+    import time
+
+    best: tuple[float, float] | None = None
+    for _ in range(samples):
+        before = time.time()
+        row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        after = time.time()
+        assert row is not None
+        if best is None or after - before < best[0]:
+            best = (after - before, float(row[0]) - (before + after) / 2)
+    assert best is not None
+    return best[1]
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Produce → effect committed, in milliseconds."""
+
+    p50: float
+    p99: float
+    samples: int
+    method: str
+
+
+def latency(
+    conn: psycopg.Connection[Any], schema: str, table: str, *, skip_before: float
+) -> Latency:
+    """Latency of the effects of events produced at ``skip_before`` or later (after warm-up).
+
+    "Committed" is the commit time of the transaction that wrote the effect
+    (``pg_xact_commit_timestamp(xmin)``) when the server tracks it; otherwise
+    the row's ``clock_timestamp()`` at insert, a lower bound that misses the
+    rest of the batch and the COMMIT's fsync (the report says which). Server
+    times are moved onto this machine's clock with :func:`clock_offset`.
+    """
+    exact = commit_time_available(conn)
+    when = "pg_xact_commit_timestamp(xmin)" if exact else "applied_at"
+    rows = conn.execute(
+        sql.SQL("SELECT extract(epoch FROM {})::float8 - sent_at FROM {}.{} WHERE sent_at >= %s")
+        .format(sql.SQL(when), sql.Identifier(schema), sql.Identifier(table)),
+        (skip_before,),
+    ).fetchall()  # fmt: skip
+    offset = clock_offset(conn)
+    values = sorted(1000 * (float(r[0]) - offset) for r in rows)
+    if len(values) < 2:
+        raise CheckFailed(f"latency: only {len(values)} effects after the warm-up")
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return Latency(
+        cuts[49],
+        cuts[98],
+        len(values),
+        "commit timestamp" if exact else "insert time (lower bound)",
+    )
+
+
+def gap(frontier_: Mapping[int, int], committed: Mapping[int, int]) -> int:
+    """Records between the committed offsets and the database frontier: the redelivered batch."""
+    return sum(max(0, end - committed.get(p, 0)) for p, end in frontier_.items())

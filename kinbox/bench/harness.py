@@ -1,0 +1,281 @@
+"""The plan of runs and its execution: scenarios in order, contenders interleaved and repeated.
+
+Within a scenario every repetition runs every contender once, in an order
+rotated by one each time, so no contender always runs first (on a fresh
+page cache) or last (after the others have warmed, or tired, the machine).
+Each run is checked as soon as it ends; a failed one is announced at once
+and kept only as a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from confluent_kafka import KafkaException
+
+from kinbox.bench import loaded, outbox, runs, workload
+from kinbox.bench.contenders import Contender
+from kinbox.bench.context import Context
+from kinbox.bench.progress import Bar
+from kinbox.bench.resources import Interrupted, Namespace
+from kinbox.bench.results import RunResult
+from kinbox.bench.scenarios import EMPTY, Scenario
+from kinbox.bench.spec import Sizes, Target
+from kinbox.errors import KinboxError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """Everything a benchmark invocation produced."""
+
+    results: list[RunResult] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    notes: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[RunResult]:
+        """The runs that failed their check or did not finish."""
+        return [r for r in self.results if not r.ok]
+
+
+def chosen(scenario: Scenario, contenders: Sequence[Contender]) -> list[Contender]:
+    """The contenders among ``contenders`` that ``scenario`` applies to, in their order."""
+    return [c for c in contenders if c.name in scenario.contenders]
+
+
+def plan_size(scenarios: Sequence[Scenario], contenders: Sequence[Contender], sizes: Sizes) -> int:
+    """How many runs the plan holds (for the progress bar)."""
+    count = 0
+    for scenario in scenarios:
+        runners = 1 if scenario.kind == "outbox" else len(chosen(scenario, contenders))
+        variants = 2 if scenario.kind == "large" else 1
+        count += scenario.repeats(sizes.repeat) * runners * variants
+    return count
+
+
+class Harness:
+    """Runs ``scenarios`` x ``contenders`` on ``target``.
+
+    Args:
+        target: the cluster and database, and the namespace prefix.
+        sizes: how much work each scenario does.
+        scenarios: from :data:`~kinbox.bench.scenarios.SCENARIOS` (or a test's own).
+        contenders: from :data:`~kinbox.bench.contenders.CONTENDERS` (or a test's own);
+            one whose optional package is missing is skipped and said so.
+        log_dir: where the processes' logs go (a temporary directory by default).
+    """
+
+    def __init__(
+        self,
+        target: Target,
+        sizes: Sizes,
+        scenarios: Sequence[Scenario],
+        contenders: Sequence[Contender],
+        log_dir: Path | None = None,
+        stream_bar: bool = True,
+    ) -> None:
+        self.target = target
+        self.sizes = sizes
+        self.scenarios = list(scenarios)
+        self.outcome = Outcome()
+        self.contenders: list[Contender] = []
+        for contender in contenders:
+            if contender.available():
+                self.contenders.append(contender)
+            else:
+                self.outcome.skipped.append(
+                    f"{contender.name}: needs {contender.needs} (pip install 'kinbox[bench]')"
+                )
+        self.namespace = Namespace(target)
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="kinbox-bench-"))
+        self.bar = Bar(plan_size(self.scenarios, self.contenders, sizes)) if stream_bar else None
+        self.ctx = Context(target, self.namespace, sizes, self.log_dir, tick=self._tick)
+
+    def _tick(self, fraction: float) -> None:
+        if self.bar is not None:
+            self.bar.update(fraction)
+
+    def _say(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.say(line)
+        else:
+            log.warning("%s", line)
+
+    def run(self) -> Outcome:
+        """Run the plan; the caller removes the namespace afterwards (see :meth:`cleanup`)."""
+        from kinbox.inbox_schema import INBOX
+        from kinbox.store import apply_migrations
+        from producer_outbox.schema import OUTBOX
+
+        apply_migrations(self.target.database_url, self.namespace.schema(), [INBOX, OUTBOX])
+        try:
+            for index, scenario in enumerate(self.scenarios):
+                self._scenario(index, scenario)
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+        return self.outcome
+
+    def cleanup(self) -> list[str]:
+        """Kill the processes still running and remove every topic, group and schema."""
+        self.ctx.stop_all()
+        return self.namespace.remove()
+
+    def _scenario(self, index: int, scenario: Scenario) -> None:
+        runners = chosen(scenario, self.contenders)
+        repeat = scenario.repeats(self.sizes.repeat)
+        if scenario.kind == "outbox":
+            for rep in range(repeat):
+                self._execute(f"outbox · rep {rep + 1}", "outbox", "relay", rep, self._outbox(rep))
+            return
+        if not runners:
+            return
+        stages = self._stages(index, scenario, runners)
+        if scenario.kind == "large":
+            self._preload()
+        if scenario.kind == "latency":
+            runners = self._unsaturated(runners)
+        # The large table's control: the same run on an empty table, right
+        # before it, so the two differ in the table and in nothing else.
+        variants = (EMPTY, scenario.name) if scenario.kind == "large" else (scenario.name,)
+        for rep in range(repeat):
+            order = runners[rep % len(runners) :] + runners[: rep % len(runners)]
+            for contender in order:
+                for variant in variants:
+                    job = self._job(scenario, contender, rep, stages, variant)
+                    label = f"{variant} · {contender.name} · rep {rep + 1}"
+                    self._execute(
+                        label, variant, contender.name, rep, self._run(scenario, job, index)
+                    )
+
+    def _unsaturated(self, runners: list[Contender]) -> list[Contender]:
+        """Drop the contenders whose clean-stream rate cannot take the offered load.
+
+        Their latency would only measure how long their queue has grown.
+        """
+        offered = self.sizes.latency_rate
+        keep = []
+        for contender in runners:
+            rates = [
+                r.rate for r in self.outcome.results
+                if r.scenario == "clean" and r.contender == contender.name and r.ok and r.rate
+            ]  # fmt: skip
+            if rates and max(rates) < 1.1 * offered:
+                self.outcome.skipped.append(
+                    f"latency · {contender.name}: its clean-stream rate ({max(rates):,.0f}/s) "
+                    f"cannot take {offered:,}/s offered; the figure would measure its queue"
+                )
+                if self.bar is not None:
+                    self.bar.total -= 1  # the latency scenario runs once
+            else:
+                keep.append(contender)
+        return keep
+
+    def _execute(
+        self, label: str, scenario: str, contender: str, rep: int,
+        action: Callable[[], list[RunResult]],
+    ) -> None:  # fmt: skip
+        if self.bar is not None:
+            self.bar.begin(label)
+        started = time.monotonic()
+        try:
+            done = action()
+            for result in done:
+                result.notes["wall_s"] = round(time.monotonic() - started, 1)
+            self.outcome.results += done
+        except Interrupted:
+            raise
+        except (KinboxError, psycopg.Error, KafkaException) as exc:
+            self.ctx.stop_all()
+            failed = RunResult(scenario, contender, rep, ok=False, error=str(exc))
+            self.outcome.results.append(failed)
+            self._say(f"*** FAILED: {label}: {exc}")
+        finally:
+            if self.bar is not None:
+                self.bar.end()
+        self.ctx.children.clear()
+
+    def _outbox(self, rep: int) -> Callable[[], list[RunResult]]:
+        return lambda: outbox.run(self.ctx, self.namespace.schema(), rep)
+
+    def _run(self, scenario: Scenario, job: runs.Job, index: int) -> Callable[[], list[RunResult]]:
+        return lambda: [self._dispatch(scenario, job, index)]
+
+    def _dispatch(self, scenario: Scenario, job: runs.Job, index: int) -> RunResult:
+        if scenario.kind == "redelivery":
+            return runs.redelivery(self.ctx, job)
+        if scenario.kind == "replay":
+            return runs.replay(self.ctx, job)
+        if scenario.kind == "storm":
+            return runs.storm(self.ctx, job)
+        if scenario.kind == "large":
+            events = self.sizes.scaled(job.contender.scale)
+            # Fresh ids for every run: the runs share one group, hence one dedup scope.
+            seed = zlib.crc32(f"{index}/{job.scenario}/{job.contender.name}/{job.rep}".encode())
+            return loaded.large(self.ctx, job, events, seed=seed)
+        if scenario.kind == "latency":
+            return loaded.latency(self.ctx, job)
+        return runs.steady(self.ctx, job)
+
+    def _stages(
+        self, index: int, scenario: Scenario, runners: list[Contender]
+    ) -> dict[str, runs.Stage]:
+        """Produce the scenario's topics (one per contender scale); map contender → stage."""
+        if scenario.kind in ("large", "latency"):
+            return {}  # a topic per run, made by the run
+        sizes = {
+            c.name: self.sizes.backlog_events if scenario.pad else self.sizes.scaled(c.scale)
+            for c in runners
+        }
+        full = workload.build(
+            max(sizes.values()), scenario.duplicates, seed=index, pad=scenario.pad
+        )
+        made: dict[int, runs.Stage] = {}
+        for events in sorted(set(sizes.values()), reverse=True):
+            work = full.head(events)
+            topic = self.namespace.create_topic(self.namespace.topic(scenario.name, f"n{events}"))
+            ends = workload.produce(self.target, topic, work)
+            made[events] = runs.Stage(topic, ends, work.distinct, work.deliveries)
+        return {name: made[events] for name, events in sizes.items()}
+
+    def _job(
+        self, scenario: Scenario, contender: Contender, rep: int,
+        stages: dict[str, runs.Stage], variant: str,
+    ) -> runs.Job:  # fmt: skip
+        name = contender.name
+        if scenario.kind == "large":
+            # One group (one dedup scope) per table, whose rows the preload made.
+            topic = self.namespace.topic(variant, name, str(rep))
+            schema, group = self.namespace.schema(variant), self.namespace.group(variant)
+            return runs.Job(variant, contender, rep, runs.Stage(topic, {}, 0, 0), schema, group)
+        if scenario.kind == "latency":
+            topic = self.namespace.topic("latency", name, str(rep))
+            stage = runs.Stage(topic, {}, 0, 0)
+        else:
+            stage = stages[name]
+        return runs.Job(scenario.name, contender, rep, stage, self.namespace.schema(),
+                        self.namespace.group(scenario.name, name, str(rep)))  # fmt: skip
+
+    def _preload(self) -> None:
+        from kinbox.inbox_schema import INBOX
+        from kinbox.store import apply_migrations
+
+        schema = self.namespace.schema("large")
+        apply_migrations(self.target.database_url, self.namespace.schema(EMPTY), [INBOX])
+        apply_migrations(self.target.database_url, schema, [INBOX])
+        self._say(f"loading {self.sizes.large_rows:,} rows into {schema}.processed_events ...")
+        seconds = loaded.preload(
+            self.ctx, schema, self.namespace.group("large"), self.sizes.large_rows
+        )
+        self.outcome.notes["large_rows"] = self.sizes.large_rows
+        self.outcome.notes["large_load_seconds"] = round(seconds, 1)
+        self._say(f"loaded in {seconds:.0f}s")

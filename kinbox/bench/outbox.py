@@ -1,0 +1,159 @@
+"""The outbox relay: a backlog's throughput, and commit → consumer latency, NOTIFY vs polling.
+
+The relay runs as ``kinbox outbox relay`` with its default settings, in its
+own process (so its peak RSS is its own).
+
+- **backlog**: N rows committed first (200 keys), then the relay starts;
+  rows/s between the first and the last row marked sent (``sent_at``, the
+  relay's own clock_timestamp() after Kafka acknowledged the row).
+- **latency**: rows committed one at a time while the relay runs; for each,
+  the time from the writer's COMMIT returning to a consumer holding the
+  record. Once with LISTEN/NOTIFY (``enqueue`` notifies in its transaction),
+  once with the same row inserted without the notification, so only the
+  relay's poll interval finds it — the fallback's cost.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from psycopg import sql
+
+from kinbox.bench.context import Context
+from kinbox.bench.process import Child
+from kinbox.bench.resources import PARTITIONS
+from kinbox.bench.results import RunResult
+from kinbox.errors import KinboxError
+
+
+def _relay(ctx: Context, schema: str, name: str) -> Child:
+    argv = [
+        sys.executable, "-m", "kinbox.cli", "outbox", "relay",
+        "--database-url", ctx.target.database_url, "--schema", schema,
+        "--bootstrap-servers", ctx.target.bootstrap_servers, "--log-level", "WARNING",
+    ]  # fmt: skip
+    for key, value in ctx.target.client_config().items():
+        if key != "bootstrap.servers":
+            argv += ["-X", f"{key}={value}"]
+    child = Child(name, argv, ctx.log_dir / f"{name}.log")
+    ctx.children.append(child)
+    return child
+
+
+def run(ctx: Context, schema: str, rep: int) -> list[RunResult]:
+    """Backlog, then latency with NOTIFY, then latency with polling only."""
+    from producer_outbox import enqueue
+
+    topic = ctx.namespace.create_topic(ctx.namespace.topic("outbox", str(rep)))
+    rows, samples = ctx.sizes.outbox_rows, ctx.sizes.outbox_samples
+    began = time.monotonic()
+    with ctx.connect() as conn:
+        with conn.transaction(), conn.pipeline():
+            for n in range(rows):
+                enqueue(conn, topic, {"n": n, "pad": "x" * 64}, key=f"k{n % 200}", schema=schema)
+        table = sql.Identifier(schema, "outbox")
+        relay = _relay(ctx, schema, f"outbox-relay-{rep}")
+        backlog = RunResult("outbox", "relay-backlog", rep)
+        backlog.notes["enqueue_s"] = round(time.monotonic() - began, 1)
+        started = time.monotonic()
+        pending = sql.SQL("SELECT count(*) FROM {} WHERE status = 'pending'").format(table)
+        while True:
+            relay.sample_rss()
+            row = conn.execute(pending).fetchone()
+            left = int(row[0]) if row else -1
+            ctx.tick(1 - left / max(1, rows) if left >= 0 else 0.0)
+            if left == 0:
+                break
+            if not relay.alive() or time.monotonic() - started > 120 + rows / 100:
+                raise KinboxError(f"relay: {left} rows still pending\n{relay.log_tail()}")
+            time.sleep(0.05)
+        span = conn.execute(
+            sql.SQL(
+                "SELECT count(*), extract(epoch FROM max(sent_at) - min(sent_at))::float8 FROM {}"
+            ).format(table)
+        ).fetchone()
+        assert span is not None
+        backlog.records = backlog.effects = backlog.distinct = int(span[0])
+        if int(span[0]) != rows:
+            raise KinboxError(f"relay: {span[0]} rows sent, {rows} enqueued")
+        backlog.rate = (rows - 1) / span[1] if span[1] else None
+        backlog.seconds = time.monotonic() - started
+        results = [backlog]
+        for notify in (True, False):
+            name = "relay-notify" if notify else "relay-polling"
+            began = time.monotonic()
+            values = _latency(ctx, conn, schema, topic, samples, notify=notify)
+            result = RunResult("outbox", name, rep, records=samples)
+            result.notes["latency_s"] = round(time.monotonic() - began, 1)
+            cuts = statistics.quantiles(values, n=100, method="inclusive")
+            result.p50_ms, result.p99_ms = 1000 * cuts[49], 1000 * cuts[98]
+            result.latency_method = "COMMIT returned → record polled by a consumer"
+            results.append(result)
+        relay.stop()
+    for result in results:
+        result.peak_rss = relay.peak_rss
+    return results
+
+
+def _latency(
+    ctx: Context,
+    conn: psycopg.Connection[Any],
+    schema: str,
+    topic: str,
+    samples: int,
+    *,
+    notify: bool,
+) -> list[float]:
+    from producer_outbox import enqueue
+
+    consumer = Consumer(
+        {**ctx.target.client_config(consumer=True), "group.id": ctx.namespace.group("latency"),
+         "fetch.wait.max.ms": 5, "enable.auto.commit": False}
+    )  # fmt: skip
+    # Start exactly at the current end; "latest" is resolved lazily and could
+    # miss the first record produced right after subscribing.
+    consumer.assign(
+        [
+            TopicPartition(
+                topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+            )
+            for p in range(PARTITIONS)
+        ]
+    )
+    plain = sql.SQL(
+        "INSERT INTO {} (id, topic, aggregatetype, aggregateid, payload)"
+        " VALUES (%s, %s, %s, 'lat', jsonb_build_object('marker', %s::text))"
+    ).format(sql.Identifier(schema, "outbox"))
+    values: list[float] = []
+    try:
+        for n in range(samples):
+            marker = uuid.uuid4().hex
+            with conn.transaction():
+                if notify:
+                    enqueue(conn, topic, {"marker": marker}, key="lat", schema=schema)
+                else:
+                    conn.execute(plain, (uuid.uuid4(), topic, topic, marker))
+            committed = time.perf_counter()
+            deadline = committed + 30
+            while True:
+                message = consumer.poll(0.01)
+                if (
+                    message is not None
+                    and not message.error()
+                    and marker.encode() in (message.value() or b"")
+                ):
+                    values.append(time.perf_counter() - committed)
+                    break
+                if time.perf_counter() > deadline:
+                    raise KinboxError(f"outbox latency: record {marker} not seen in 30s")
+            ctx.tick((n + 1) / samples)
+            time.sleep(0.05 + (n % 7) * 0.03)  # spread commits over the relay's poll cycle
+    finally:
+        consumer.close()
+    return values

@@ -1,0 +1,99 @@
+"""The scenarios: what each one does to the contenders, and which contenders it applies to.
+
+========== ===================================================================
+clean      N unique events, a backlog consumed by one member.
+retries10  10% of the events sent again by the producer with the same id,
+           half inside one batch, half in a later batch.
+retries50  the same with 50%.
+redelivery one member SIGKILLed between its database commit and its offset
+           commit (kinbox's ``after_db_commit`` failpoint, the same point in
+           the others) and restarted, repeatedly: its last batch comes back.
+           Members are static (``group.instance.id``), so a restart takes the
+           partitions back at once instead of waiting out a session timeout.
+replay     the group consumes everything, its offsets are reset to the
+           beginning, and it consumes everything again: 100% duplicates.
+storm      members join and leave during the run (1 → 2 → 3 → 2 → 1,
+           at 20/40/60/80% of the records; leaving is a clean SIGTERM).
+large      ``processed_events`` holds millions of rows of the group before the
+           run (claims land in a big index); each run follows the same run
+           on an empty table (reported as ``empty``), so the two differ in
+           the table alone.
+latency    1k events/s offered to a running member; produce → effect
+           committed, p50/p99.
+memory     a backlog of 1 KB events: peak RSS of the consumer process.
+outbox     the outbox relay: a backlog's throughput, and commit → consumer
+           latency woken by LISTEN/NOTIFY and by polling only.
+========== ===================================================================
+
+Which contenders: every one runs the consumer scenarios, except that the
+inbox-off contender has no claim to slow down in ``large``; a contender whose
+clean-stream rate in the same run is below the offered load is left out of
+``latency`` (said so in the report), because its latency would only measure
+its queue; ``memory`` compares kinbox with the ceiling only (the
+slow contenders would take minutes); ``outbox`` is the relay's alone — none of
+the others has one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kinbox.bench.contenders import CONTENDERS
+
+ALL = tuple(c.name for c in CONTENDERS)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One scenario: its name, what it does, and its contenders."""
+
+    name: str
+    title: str
+    kind: str
+    """Which procedure runs it (see :mod:`kinbox.bench.runs`)."""
+    contenders: tuple[str, ...] = ALL
+    duplicates: float = 0.0
+    """Producer duplicates, as a share of the unique events."""
+    pad: int = 0
+    """Payload padding in bytes."""
+    repeat: int | None = None
+    """At most this many runs per contender (fewer if the sizes' ``repeat`` says so)."""
+
+    def repeats(self, wanted: int) -> int:
+        """Runs per contender when the sizes ask for ``wanted``."""
+        return min(wanted, self.repeat) if self.repeat else wanted
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("clean", "clean stream", "steady"),
+    Scenario("retries10", "producer retries 10%", "steady", duplicates=0.10),
+    Scenario("retries50", "producer retries 50%", "steady", duplicates=0.50),
+    Scenario(
+        "redelivery", "consumer killed after DB commit, restarted", "redelivery"
+    ),
+    Scenario("replay", "full replay (100% duplicates)", "replay"),
+    Scenario("storm", "rebalance storm (members join and leave)", "storm"),
+    Scenario(
+        "large", "large processed_events", "large",
+        contenders=tuple(n for n in ALL if n != "inbox-off"),
+    ),
+    Scenario("latency", "latency at offered load", "latency", repeat=1),
+    Scenario(
+        "memory", "backlog of 1 KB events (peak RSS)", "steady",
+        contenders=("kinbox-each", "kinbox-batch", "ceiling"), pad=1000, repeat=1,
+    ),
+    Scenario("outbox", "outbox relay", "outbox", contenders=("relay",), repeat=1),
+)  # fmt: skip
+"""Every scenario, in report order."""
+
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+EMPTY = "empty"
+"""Results of the large scenario's control runs, on an empty ``processed_events``."""
+
+TITLES: dict[str, str] = {}
+for _s in SCENARIOS:
+    if _s.name == "large":
+        TITLES[EMPTY] = "empty processed_events (control)"
+    TITLES[_s.name] = _s.title
+"""What the report calls each scenario whose results it shows."""

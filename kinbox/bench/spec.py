@@ -1,0 +1,131 @@
+"""What a benchmark run is about, as plain data: the target, the sizes, a child's orders.
+
+A leaf module: every stage of the harness imports it, it imports none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from kinbox.errors import ConfigurationError
+
+PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_]{2,39}$")
+"""A namespace prefix: legal both as a PostgreSQL identifier and inside a topic name."""
+
+# librdkafka properties of a consumer only; a producer or admin client given
+# them would log a warning for each.
+CONSUMER_ONLY = ("group.", "session.", "heartbeat.", "max.poll.", "auto.", "enable.auto",
+                 "partition.assignment", "isolation.", "fetch.", "queued.")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the benchmark runs, and the names it may create there.
+
+    Args:
+        bootstrap_servers: the Kafka cluster.
+        database_url: the PostgreSQL database (the user needs CREATE on it).
+        kafka: ``-X`` librdkafka properties for every client (TLS, SASL...).
+        prefix: every topic, consumer group and schema the run creates starts
+            with it; all of them are removed at the end.
+        kafka_version: the broker's version when known (brokers do not tell
+            clients their version; the local stack knows what it started).
+    """
+
+    bootstrap_servers: str
+    database_url: str
+    prefix: str
+    kafka: Mapping[str, str] = field(default_factory=dict)
+    kafka_version: str | None = None
+
+    def __post_init__(self) -> None:
+        if not PREFIX_PATTERN.match(self.prefix):
+            raise ConfigurationError(
+                f"prefix={self.prefix!r} is not allowed: 3-40 characters of a-z, 0-9 and _, "
+                "starting with a letter (it names a schema and prefixes topics)"
+            )
+
+    @property
+    def schema(self) -> str:
+        """The schema holding the kinbox tables and the contenders' effect tables."""
+        return self.prefix
+
+    def client_config(self, *, consumer: bool = False) -> dict[str, Any]:
+        """``bootstrap.servers`` plus the ``-X`` properties fit for this kind of client."""
+        extra = {k: v for k, v in self.kafka.items() if consumer or not k.startswith(CONSUMER_ONLY)}
+        return {"bootstrap.servers": self.bootstrap_servers, **extra}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each scenario does; :meth:`quick` and :meth:`long` scale it."""
+
+    events: int = 30_000
+    """Events per run for the fast contenders (kinbox, the set-based ceiling)."""
+    repeat: int = 3
+    """Runs of every contender in every throughput scenario (median and spread)."""
+    kills: int = 3
+    """Consumer redelivery: SIGKILLs between database commit and offset commit, per run."""
+    large_rows: int = 10_000_000
+    """Rows loaded into ``processed_events`` before the large-table scenario."""
+    latency_rate: int = 1_000
+    """Offered load of the latency scenario, events/s."""
+    latency_seconds: float = 10.0
+    """How long the latency scenario offers that load."""
+    backlog_events: int = 300_000
+    """The memory scenario's backlog of 1 KB events."""
+    outbox_rows: int = 50_000
+    """The relay's backlog."""
+    outbox_samples: int = 40
+    """Outbox commits timed one by one, per wake-up mode."""
+    min_events: int = 60
+    """No run gets fewer events than this, whatever a contender's scale."""
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        """Seconds per run: proves every contender and scenario runs; no figure to quote."""
+        return cls(
+            events=300, repeat=1, kills=1, large_rows=20_000, latency_rate=200,
+            latency_seconds=1.0, backlog_events=600, outbox_rows=300, outbox_samples=5,
+            min_events=30,
+        )  # fmt: skip
+
+    def long(self) -> Sizes:
+        """The long mode: 100M rows in ``processed_events``."""
+        return replace(self, large_rows=100_000_000)
+
+    def scaled(self, scale: float) -> int:
+        """Events for a contender that gets ``scale`` of :attr:`events`."""
+        return max(self.min_events, round(self.events * scale))
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """Everything a contender's consumer process needs, passed as JSON in its environment."""
+
+    contender: str
+    entry: str
+    """``module:function`` that runs the contender, given this spec."""
+    bootstrap_servers: str
+    database_url: str
+    group: str
+    topic: str
+    schema: str
+    table: str
+    kafka: dict[str, str] = field(default_factory=dict)
+    """librdkafka properties for the consumer (``-X``, static membership...)."""
+
+    ENV = "KINBOX_BENCH_SPEC"
+
+    def to_json(self) -> str:
+        """Serialise for the child's environment."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ChildSpec:
+        """Parse what :meth:`to_json` wrote."""
+        return cls(**json.loads(text))

@@ -1,0 +1,219 @@
+"""The benchmark harness's quick mode on the real stack.
+
+It proves that every contender runs in every scenario that applies to it and
+passes its check, that the check fails loudly when effects are wrong, and
+that ``kinbox bench`` removes what it created, also when interrupted. Nothing
+here looks at a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from confluent_kafka.admin import AdminClient
+from psycopg import sql
+
+from kinbox.bench import report
+from kinbox.bench.command import EXIT_FAILED, EXIT_INTERRUPTED, execute
+from kinbox.bench.contenders import CONTENDERS, Contender
+from kinbox.bench.harness import Harness
+from kinbox.bench.scenarios import BY_NAME as SCENARIO_NAMES
+from kinbox.bench.scenarios import SCENARIOS, Scenario
+from kinbox.bench.spec import Sizes, Target
+from kinbox.devstack.stack import Stack
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _target(stack: Stack, prefix: str | None = None) -> Target:
+    return Target(
+        stack.bootstrap_servers, stack.database_url, prefix or f"kbt_{uuid.uuid4().hex[:10]}"
+    )
+
+
+def _leftovers(stack: Stack, prefix: str) -> list[str]:
+    """Topics, groups and schemas named after ``prefix`` that still exist."""
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    found = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+    groups = admin.list_consumer_groups().result(10).valid
+    found += [g.group_id for g in groups if g.group_id and g.group_id.startswith(prefix)]
+    with psycopg.connect(stack.database_url) as conn:
+        found += [
+            row[0]
+            for row in conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s)", (prefix,)
+            )
+        ]
+    return found
+
+
+def _bench_processes(prefix: str) -> list[int]:
+    """Our contender processes still running for ``prefix`` (found by their spec)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"KINBOX_BENCH_SPEC=" in environ and prefix.encode() in environ:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.timeout(600)
+def test_quick_mode_runs_and_checks_every_contender_in_every_scenario(
+    stack: Stack, tmp_path: Path
+) -> None:
+    target = _target(stack)
+    sizes = Sizes.quick()
+    harness = Harness(target, sizes, SCENARIOS, CONTENDERS, log_dir=tmp_path, stream_bar=False)
+    try:
+        outcome = harness.run()
+    finally:
+        left = harness.cleanup()
+    assert left == [], left
+    assert not outcome.failures, [(r.scenario, r.contender, r.error) for r in outcome.failures]
+    # Only a contender too slow for the offered load sits out the latency run, and says so.
+    saturated = {s.split(":")[0].split(" · ")[1] for s in outcome.skipped}
+    assert all("cannot take" in s and s.startswith("latency · ") for s in outcome.skipped)
+
+    ran = {(r.scenario, r.contender) for r in outcome.results}
+    expected = {(s.name, c) for s in SCENARIOS if s.kind != "outbox" for c in s.contenders}
+    expected |= {("empty", c) for c in SCENARIO_NAMES["large"].contenders}
+    expected |= {("outbox", n) for n in ("relay-backlog", "relay-notify", "relay-polling")}
+    expected -= {("latency", c) for c in saturated}
+    assert ran == expected
+
+    for r in outcome.results:
+        if r.scenario == "outbox":
+            continue
+        assert r.distinct > 0 and r.peak_rss > 0, r
+        exactly_once = r.contender != "inbox-off"
+        if exactly_once:
+            assert r.effects == r.distinct and r.duplicates_applied == 0, r
+        else:
+            assert r.duplicates_applied == r.effects - r.distinct, r
+    by = {(r.scenario, r.contender): r for r in outcome.results}
+    # Producer duplicates: suppressed by every inbox, applied again without one.
+    for scenario, share in (("retries10", 0.10), ("retries50", 0.50)):
+        dup = round(sizes.events * share)
+        assert by[(scenario, "kinbox-batch")].duplicates_suppressed == dup
+        assert by[(scenario, "kinbox-each")].duplicates_suppressed == dup
+        assert by[(scenario, "ceiling")].duplicates_suppressed == dup
+        assert by[(scenario, "inbox-off")].duplicates_applied == dup
+    # A replay is nothing but duplicates.
+    for contender in ("kinbox-each", "kinbox-batch", "article", "faststream", "ceiling"):
+        replay = by[("replay", contender)]
+        assert replay.duplicates_suppressed == replay.records == replay.distinct
+    assert by[("replay", "inbox-off")].duplicates_applied == by[("replay", "inbox-off")].distinct
+    # Every contender really was killed between its DB commit and offset commit.
+    for name in (c.name for c in CONTENDERS):
+        assert by[("redelivery", name)].kills == sizes.kills, name
+    assert (
+        by[("redelivery", "inbox-off")].duplicates_applied
+        == by[("redelivery", "inbox-off")].notes["redelivered"]
+    )
+    for name in set(SCENARIO_NAMES["latency"].contenders) - saturated:
+        latency = by[("latency", name)]
+        assert latency.p50_ms is not None and latency.p99_ms is not None
+    assert by[("outbox", "relay-backlog")].effects == sizes.outbox_rows
+    assert by[("outbox", "relay-notify")].p50_ms is not None
+
+    data = report.to_json(target, sizes, outcome)
+    json.dumps(data, default=str)
+    text = report.markdown(data, outcome)
+    assert "FAILED" not in text
+    for each in CONTENDERS:
+        assert each.label in text
+    assert _leftovers(stack, target.prefix) == []
+
+
+@pytest.mark.timeout(300)
+def test_wrong_effects_fail_the_check_and_are_never_a_figure(stack: Stack, tmp_path: Path) -> None:
+    # Given two contenders that promise exactly once and break it: one applies
+    # producer duplicates again (no claim), one silently drops events.
+    doubling = Contender(
+        "doubling", "applies duplicates",
+        "kinbox.bench.contenders.kinbox_runner:run_inbox_off", exactly_once=True,
+    )  # fmt: skip
+    dropping = Contender("dropping", "drops events", "tests.support.bench_contenders:run_dropping")
+    honest = next(c for c in CONTENDERS if c.name == "kinbox-batch")
+    scenario = Scenario(
+        "retries10", "producer retries 10%", "steady",
+        contenders=("doubling", "dropping", "kinbox-batch"), duplicates=0.10,
+    )  # fmt: skip
+    target = _target(stack)
+    # When the benchmark runs them
+    status = execute(
+        target, Sizes.quick(), [scenario], [doubling, dropping, honest],
+        out_dir=tmp_path, progress=False, log_dir=tmp_path,
+    )  # fmt: skip
+    # Then it fails, names both, and reports no figure for them
+    assert status == EXIT_FAILED
+    data = json.loads((tmp_path / "bench.json").read_text())
+    errors = {r["contender"]: r["error"] for r in data["runs"] if not r["ok"]}
+    assert set(errors) == {"doubling", "dropping"}
+    assert "duplicate effects" in errors["doubling"]
+    assert "have no effect" in errors["dropping"]
+    summaries = {s["contender"]: s for s in data["summaries"]}
+    for name in ("doubling", "dropping"):
+        assert summaries[name]["rate"] is None and not summaries[name]["ok"]
+    assert summaries["kinbox-batch"]["ok"]
+    table = (tmp_path / "bench.md").read_text()
+    assert table.count("**FAILED**") == 2
+    assert _leftovers(stack, target.prefix) == []
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupted_bench_removes_everything_it_created(
+    stack: Stack, tmp_path: Path, signum: int
+) -> None:
+    prefix = f"kbi_{uuid.uuid4().hex[:10]}"
+    log = (tmp_path / "bench.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kinbox.cli", "bench", "--prefix", prefix,
+         "--bootstrap-servers", stack.bootstrap_servers, "--database-url", stack.database_url,
+         "--scenario", "clean", "--contender", "article", "--events", "40000", "--repeat", "1"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ},
+    )  # fmt: skip
+    try:
+        # Given a benchmark in the middle of a run: effects are being written
+        table = sql.Identifier(prefix, "e_clean_article_0")
+        deadline = time.monotonic() + 120
+        with psycopg.connect(stack.database_url, autocommit=True) as conn:
+            while True:
+                assert proc.poll() is None, (tmp_path / "bench.log").read_text()
+                assert time.monotonic() < deadline, "no effect written in 120s"
+                try:
+                    row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()
+                    if row and row[0] > 0:
+                        break
+                except psycopg.errors.UndefinedTable:
+                    pass
+                time.sleep(0.1)
+        assert _bench_processes(prefix)
+        # When it is interrupted
+        proc.send_signal(signum)
+        status = proc.wait(90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    # Then it exits 130 having removed its topics, groups, schema and processes
+    output = (tmp_path / "bench.log").read_text()
+    assert status == EXIT_INTERRUPTED, output
+    assert "everything it made is removed" in output
+    assert _leftovers(stack, prefix) == []
+    assert _bench_processes(prefix) == []

@@ -1,0 +1,129 @@
+"""The benchmark harness's pure parts: workloads, the check, summaries, the report, the CLI."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from kinbox.bench import report
+from kinbox.bench.command import bench
+from kinbox.bench.effects import CheckFailed, Tally, gap
+from kinbox.bench.harness import Outcome
+from kinbox.bench.results import RunResult, summarise
+from kinbox.bench.spec import Sizes, Target
+from kinbox.bench.workload import FAR, NEAR, build
+from kinbox.errors import ConfigurationError
+
+
+@pytest.mark.parametrize("share", [0.0, 0.1, 0.5])
+def test_workload_has_the_asked_duplicates_near_and_far(share: float) -> None:
+    work = build(2000, share, seed=3)
+    assert work.distinct == 2000
+    assert work.deliveries == 2000 + round(2000 * share)
+    first: dict[int, int] = {}
+    distances = []
+    for position, index in enumerate(work.order):
+        if index in first:
+            distances.append(position - first[index])
+        else:
+            first[index] = position
+    assert len(distances) == round(2000 * share)
+    # A duplicate always comes after its original; about half within a batch, half later.
+    assert all(d > 0 for d in distances)
+    near = sum(d <= 2 * NEAR for d in distances)
+    if distances:
+        assert abs(near - len(distances) / 2) <= len(distances) * 0.1
+        assert max(distances) >= min(FAR, 2000 // 2)
+
+
+def test_workload_head_keeps_the_same_events_and_their_duplicates() -> None:
+    work = build(1000, 0.5, seed=1)
+    head = work.head(100)
+    assert head.ids == work.ids[:100]
+    assert head.order == [i for i in work.order if i < 100]
+    assert head.distinct == 100
+
+
+def test_exactly_once_check() -> None:
+    assert Tally(10, 10).check(10, exactly_once=True) == 0
+    with pytest.raises(CheckFailed, match="duplicate effects"):
+        Tally(11, 10).check(10, exactly_once=True)
+    with pytest.raises(CheckFailed, match="have no effect"):
+        Tally(9, 9).check(10, exactly_once=True)
+    # Applied twice and missing once: as many rows as events, still wrong.
+    with pytest.raises(CheckFailed, match="have no effect"):
+        Tally(10, 9).check(10, exactly_once=True)
+
+
+def test_at_least_once_check_counts_duplicates_applied() -> None:
+    assert Tally(13, 10).check(10, exactly_once=False) == 3
+    with pytest.raises(CheckFailed, match="have no effect"):
+        Tally(13, 9).check(10, exactly_once=False)
+
+
+def test_redelivered_gap_is_the_database_frontier_past_the_committed_offsets() -> None:
+    assert gap({0: 10, 1: 5, 2: 7}, {0: 8, 1: 5}) == 2 + 0 + 7
+
+
+def _run(contender: str, rate: float | None, rep: int = 0, **kw: object) -> RunResult:
+    return RunResult("clean", contender, rep, rate=rate, **kw)  # type: ignore[arg-type]
+
+
+def test_summary_is_the_median_with_its_spread_and_ratios() -> None:
+    runs = [
+        _run("ceiling", 100.0), _run("ceiling", 120.0, 1), _run("ceiling", 110.0, 2),
+        _run("article", 10.0), _run("kinbox-batch", 55.0),
+    ]  # fmt: skip
+    by = {s.contender: s for s in summarise(runs)}
+    assert (by["ceiling"].rate, by["ceiling"].rate_min, by["ceiling"].rate_max) == (110, 100, 120)
+    assert by["kinbox-batch"].vs_ceiling == pytest.approx(0.5)
+    assert by["kinbox-batch"].vs_article == pytest.approx(5.5)
+
+
+def test_a_failed_run_leaves_no_figure_and_the_report_says_failed() -> None:
+    runs = [_run("kinbox-batch", 50.0), _run("kinbox-batch", 40.0, 1).failed("2 duplicate effects")]
+    runs.append(_run("inbox-off", 90.0, duplicates_applied=7))
+    summaries = {s.contender: s for s in summarise(runs)}
+    assert summaries["kinbox-batch"].rate is None and not summaries["kinbox-batch"].ok
+    assert not summaries["inbox-off"].comparable
+    outcome = Outcome(results=runs)
+    data = {
+        "header": {"kafka": "4", "postgresql": {"version": "15", "fsync": "on",
+                   "synchronous_commit": "on"}, "librdkafka": "2", "confluent_kafka": "2",
+                   "python": "3", "faststream": "0.7", "cores": 2},
+        "headline": report.headline(summarise(runs)),
+    }  # fmt: skip
+    text = report.markdown(data, outcome)
+    assert "**FAILED**" in text and "2 duplicate effects" in text
+    assert "7 duplicates applied" in text
+    assert "50" not in text.split("**FAILED**")[0].splitlines()[-1]
+
+
+def test_target_prefix_must_name_a_schema_and_topics() -> None:
+    Target("b:9092", "postgresql://x", "kinbox_bench_ab12")
+    for bad in ("Kinbox", "a", "bench-1", "x" * 41, "1abc"):
+        with pytest.raises(ConfigurationError, match="prefix"):
+            Target("b:9092", "postgresql://x", bad)
+
+
+def test_quick_sizes_are_small_and_long_mode_loads_100m_rows() -> None:
+    quick = Sizes.quick()
+    assert quick.events < 1000 and quick.repeat == 1 and quick.large_rows < 100_000
+    assert Sizes().long().large_rows == 100_000_000
+    assert Sizes().scaled(0.025) >= Sizes().min_events
+
+
+def test_cli_help_lists_the_options_a_user_needs() -> None:
+    result = CliRunner().invoke(bench, ["--help"])
+    assert result.exit_code == 0
+    for option in ("--bootstrap-servers", "--database-url", "-X", "--scenario", "--events",
+                   "--json", "--quick", "--prefix", "--long"):  # fmt: skip
+        assert option in result.output
+
+
+def test_cli_refuses_a_bad_prefix_before_touching_anything() -> None:
+    result = CliRunner().invoke(
+        bench, ["--bootstrap-servers", "b:1", "--database-url", "postgresql://x", "--prefix", "X"]
+    )
+    assert result.exit_code == 2
+    assert "prefix" in result.output
