@@ -26,8 +26,9 @@ from psycopg import sql
 
 from kinbox.migrations import migrate
 from producer_outbox import enqueue
+from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import KafkaPublisher, producer_config
-from producer_outbox.relay import Relay, RelayConfig
+from producer_outbox.relay import Relay
 from producer_outbox.schema import OUTBOX
 
 SCHEMA = "bench_outbox"
