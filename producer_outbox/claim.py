@@ -5,6 +5,11 @@ row locks taken by ``claim`` hold until the batch is published and marked, so
 no other process can publish the same rows meanwhile — unlike the source
 article's poller, whose ``FOR UPDATE SKIP LOCKED`` ran outside a transaction
 and released its locks at once.
+
+The claim takes a lane's rows in ``(txid, seq)`` order (why that order, and
+why it is final, is said at ``_CLAIM``), skipping rows that must wait: of a
+paused topic (:mod:`.topics`), or behind an earlier row of their key that is
+parked (:mod:`.parked`) or backing off.
 """
 
 from __future__ import annotations
@@ -123,6 +128,13 @@ def claim(
     query = sql.SQL(_CLAIM).format(
         outbox=_outbox(schema), failing=_failing(schema), lane=lane_sql(lanes)
     )
+    # The planner cannot estimate the lane filter (a hash modulo a parameter):
+    # it assumes 0.5% of rows match, not 1/lanes, and then prefers a bitmap scan
+    # of every pending row plus a sort to the index scan in (txid, seq) order
+    # that stops after `limit` rows of the lane. Measured on 20,000 pending
+    # rows, 16 lanes: ~1 ms against 6-11 ms per claim. SET LOCAL ends with the
+    # batch's transaction.
+    conn.execute("SET LOCAL enable_bitmapscan = off")
     rows = conn.execute(query, {"lane": lane, "limit": limit}).fetchall()
     return [row_from_db(tuple(values)) for values in rows]
 
