@@ -102,7 +102,10 @@ class Relay:
         self._failpoints = failpoints or Failpoints()
         self._stopping = False
         self._next_cleanup = time.monotonic()  # first cleanup right after start
-        self._outages = 0  # batches in a row that met only an outage: its backoff
+        # Rounds of the lanes in a row that met an outage and reached Kafka with
+        # nothing: the outage's backoff grows with it.
+        self._outages = 0
+        self._round_sent = self._round_outage = False
         self._failing: set[str] = set()  # topics recorded as failing (.topics)
 
     def stop(self) -> None:
@@ -151,11 +154,16 @@ class Relay:
     def run_lanes(self, conn: Connection, lanes: Sequence[int]) -> bool:
         """One batch per lane; True if any batch was full (more may be waiting)."""
         self._failing = topics.failing(conn, self.config.schema)
+        self._round_sent = self._round_outage = False
         busy = False
         for lane in lanes:
             if self._stopping:
                 break
             busy |= self.run_batch(conn, lane) >= self.config.batch_size
+        if self._round_sent:
+            self._outages = 0
+        elif self._round_outage:
+            self._outages += 1
         return busy
 
     def run_batch(self, conn: Connection, lane: int) -> int:
@@ -178,12 +186,8 @@ class Relay:
                 rows, outcomes, self.config, outage_delay=self.config.backoff(self._outages)
             )
             store.mark(conn, self.config.schema, result.sent, result.failed)
-        # A batch that reached Kafka ends the outage; one that met only the outage
-        # makes its next retry wait longer.
-        if result.sent:
-            self._outages = 0
-        elif result.outages:
-            self._outages += 1
+        self._round_sent |= bool(result.sent)
+        self._round_outage |= result.outages > 0
         self._track_topics(conn, result)
         log.debug(
             "outbox lane %d: %d sent, %d failed, %d held",
