@@ -5,6 +5,11 @@ row locks taken by ``claim`` hold until the batch is published and marked, so
 no other process can publish the same rows meanwhile — unlike the source
 article's poller, whose ``FOR UPDATE SKIP LOCKED`` ran outside a transaction
 and released its locks at once.
+
+The claim takes a lane's rows in ``(txid, seq)`` order (why that order, and
+why it is final, is said at ``_CLAIM``), skipping rows that must wait: of a
+paused topic (:mod:`.topics`), or behind an earlier row of their key that is
+parked (:mod:`.parked`) or backing off.
 """
 
 from __future__ import annotations
@@ -23,31 +28,41 @@ from producer_outbox.records import OutboxRow, row_from_db
 # key, spreading unordered rows), so all rows of one key share one lane.
 LANE_EXPRESSION = "(hashtext(coalesce({t}.aggregateid, {t}.id::text)) & 2147483647) %% {lanes}"
 
+# Publishing order: (txid, seq), the writing transaction's id, then the enqueue
+# order within it. Only rows of transactions older than every transaction
+# still running (txid below this snapshot's xmin) are taken. Such rows are
+# final: every transaction that gets an id from now on gets a higher one, so no
+# row can ever appear below one already published, and every relay, at any
+# time, sees the same order. (In seq order it could: seq is taken at INSERT and
+# becomes visible at COMMIT, so a lower seq of the same key could still be
+# uncommitted.) The cost: a long-running write transaction anywhere delays the
+# relay until it ends, as in watermill-sql, which filters on xmin the same way.
 _CLAIM = """
-WITH snap AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin)
 SELECT o.id, o.seq, o.topic, o.aggregateid, o.type, o.payload::text, o.payload_bytes,
        o.headers, o.attempts
-FROM {outbox} o, snap
+FROM {outbox} o
 WHERE o.status = 'pending'
+  AND o.txid < pg_snapshot_xmin(pg_current_snapshot())
   AND {lane} = %(lane)s
   AND o.next_attempt_at <= now()
-  -- Sequence-gap race: seq values are taken at INSERT but become visible at
-  -- COMMIT, so a row with a lower seq can appear after a higher one was read.
-  -- Only rows written by transactions older than every transaction still
-  -- running (txid below this snapshot's xmin) are taken; any row committed
-  -- later belongs to a transaction not yet finished now, so it cannot slip in
-  -- below a seq already published. (watermill-sql does the same; the cost: a
-  -- long-running write transaction anywhere delays the relay until it ends.)
-  AND o.txid < snap.xmin
-  -- Per-key order: a row waits while an earlier unsent row of its key cannot
-  -- go yet (backing off after a failure, or not yet past the xmin filter).
+  -- A topic the broker refuses as a whole waits for its retry time (.topics).
+  AND NOT EXISTS (
+      SELECT 1 FROM {failing} f WHERE f.topic = o.topic AND f.retry_at > now())
+  -- Per-key order: a row waits while an earlier row of its key is unfinished
+  -- and cannot go in this batch: parked (the key is blocked until it is
+  -- requeued), backing off after a failure, or in a paused topic. Earlier
+  -- rows that can go are in this batch, ahead of it: same key, same lane, and
+  -- all final, since (txid, seq) below a final row's is below the xmin too.
   AND NOT EXISTS (
       SELECT 1 FROM {outbox} e
-      WHERE e.status = 'pending'
-        AND e.aggregateid = o.aggregateid
-        AND e.seq < o.seq
-        AND (e.next_attempt_at > now() OR e.txid >= snap.xmin))
-ORDER BY o.seq
+      WHERE e.aggregateid = o.aggregateid
+        AND e.status <> 'sent'
+        AND (e.txid, e.seq) < (o.txid, o.seq)
+        AND (e.status = 'dead'
+             OR e.next_attempt_at > now()
+             OR EXISTS (
+                 SELECT 1 FROM {failing} f WHERE f.topic = e.topic AND f.retry_at > now())))
+ORDER BY o.txid, o.seq
 LIMIT %(limit)s
 FOR UPDATE OF o SKIP LOCKED
 """
@@ -60,27 +75,37 @@ WHERE id = ANY(%s)
 
 _MARK_FAILED = """
 UPDATE {outbox} o
-SET attempts = o.attempts + 1,
+SET attempts = o.attempts + f.counts::int,
     last_error = f.error,
     next_attempt_at = clock_timestamp() + f.delay * interval '1 second',
     status = CASE WHEN f.park THEN 'dead' ELSE 'pending' END
-FROM unnest(%s::uuid[], %s::text[], %s::float8[], %s::bool[]) AS f(id, error, delay, park)
+FROM unnest(%s::uuid[], %s::text[], %s::float8[], %s::bool[], %s::bool[])
+     AS f(id, error, delay, park, counts)
 WHERE o.id = f.id
 """
 
 
 @dataclass(frozen=True)
 class Failure:
-    """A row whose publish failed: retry after ``delay`` seconds, or ``park`` it as dead."""
+    """A row whose publish failed: retry after ``delay`` seconds, or ``park`` it as dead.
+
+    ``counts``: the row's own failure, one more of its ``attempts``; an
+    outage's failure records ``error`` but leaves ``attempts`` alone.
+    """
 
     id: uuid.UUID
     error: str
     delay: float
     park: bool
+    counts: bool = True
 
 
 def _outbox(schema: str) -> sql.Composed:
     return sql.SQL("{}.outbox").format(sql.Identifier(schema))
+
+
+def _failing(schema: str) -> sql.Composed:
+    return sql.SQL("{}.outbox_failing_topics").format(sql.Identifier(schema))
 
 
 def lane_sql(lanes: int, table: str = "o") -> sql.SQL:
@@ -96,11 +121,20 @@ def claim(
     lanes: int,
     limit: int,
 ) -> list[OutboxRow]:
-    """Lock and return up to ``limit`` publishable rows of ``lane`` in seq order.
+    """Lock and return up to ``limit`` publishable rows of ``lane`` in ``(txid, seq)`` order.
 
     Must run inside a transaction that stays open until :func:`mark` has run.
     """
-    query = sql.SQL(_CLAIM).format(outbox=_outbox(schema), lane=lane_sql(lanes))
+    query = sql.SQL(_CLAIM).format(
+        outbox=_outbox(schema), failing=_failing(schema), lane=lane_sql(lanes)
+    )
+    # The planner cannot estimate the lane filter (a hash modulo a parameter):
+    # it assumes 0.5% of rows match, not 1/lanes, and then prefers a bitmap scan
+    # of every pending row plus a sort to the index scan in (txid, seq) order
+    # that stops after `limit` rows of the lane. Measured on 20,000 pending
+    # rows, 16 lanes: ~1 ms against 6-11 ms per claim. SET LOCAL ends with the
+    # batch's transaction.
+    conn.execute("SET LOCAL enable_bitmapscan = off")
     rows = conn.execute(query, {"lane": lane, "limit": limit}).fetchall()
     return [row_from_db(tuple(values)) for values in rows]
 
@@ -122,5 +156,6 @@ def mark(
                 [f.error[:2000] for f in failed],
                 [f.delay for f in failed],
                 [f.park for f in failed],
+                [f.counts for f in failed],
             ),
         )

@@ -5,8 +5,9 @@ rows 1-2 of key k, relay B skips them and publishes row 3 first. So rows are
 split into ``lanes`` by a hash of their partition key (see
 :data:`producer_outbox.claim.LANE_EXPRESSION`); a relay publishes a lane only
 while it holds that lane's session-level advisory lock, and publishes the lane
-in ``seq`` order. One key lives in one lane, one lane has one publisher, so a
-key's rows go out in order whatever the number of relays.
+in ``(txid, seq)`` order (:mod:`producer_outbox.claim`). One key lives in one
+lane, one lane has one publisher, so a key's rows go out in order whatever the
+number of relays.
 
 The locks are taken on the relay's *work* connection, the same one that runs
 the batch transactions: if that connection dies, the batch transaction and the

@@ -32,6 +32,11 @@ PRODUCER_DEFAULTS: dict[str, str] = {
     # Every record gets a delivery report within this time, so a batch's
     # transaction is never held longer than this (plus a margin).
     "message.timeout.ms": "30000",
+    # A missing topic is reported as UNKNOWN_TOPIC_OR_PART only after this
+    # delay (librdkafka's default, 30 s, equals the message timeout above, so
+    # the first try would end as a plain timeout); shorter, the relay learns
+    # early that the topic, not the broker, is failing.
+    "topic.metadata.propagation.max.ms": "10000",
 }
 
 # Errors that mean "Kafka is unreachable right now", not "this record is bad":
@@ -49,13 +54,33 @@ _OUTAGE_CODES = frozenset(
     }
 )
 
+# Errors that mean "this topic cannot be written at all" (missing with
+# auto-create off, not authorized): an outage of the topic, never a failure of
+# the row; the relay pauses the topic (see producer_outbox.topics).
+_TOPIC_CODES = frozenset(
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    }
+)
+
 
 @dataclass(frozen=True)
 class Outcome:
-    """The fate of one record: ``error is None`` means acknowledged by the broker."""
+    """The fate of one record: ``error is None`` means acknowledged by the broker.
+
+    ``outage``: Kafka, not the record, failed (never counts as a try of the
+    row). ``topic_failure``: the whole topic is refused (missing, not
+    authorized). ``held``: not sent, because an earlier record of its key
+    failed. Both of the latter are outages too.
+    """
 
     error: str | None = None
     outage: bool = False
+    topic_failure: bool = False
+    held: bool = False
 
     @property
     def ok(self) -> bool:
@@ -64,6 +89,7 @@ class Outcome:
 
 
 ACKED = Outcome()
+HELD = Outcome("not sent: an earlier record of its key failed", outage=True, held=True)
 
 
 class Publisher(Protocol):
@@ -93,9 +119,12 @@ def producer_config(bootstrap_servers: str, overrides: Mapping[str, str]) -> dic
 
 
 def _outcome(error: KafkaError) -> Outcome:
+    text = f"{error.name()}: {error.str()}"
+    if error.code() in _TOPIC_CODES:
+        return Outcome(error=text, outage=True, topic_failure=True)
     # A fatally broken producer says nothing about the record: never park it for that.
     outage = error.code() in _OUTAGE_CODES or error.retriable() or is_fatal(error)
-    return Outcome(error=f"{error.name()}: {error.str()}", outage=outage)
+    return Outcome(error=text, outage=outage)
 
 
 class _Fatal:
@@ -160,6 +189,8 @@ class KafkaPublisher:
         self._flush_timeout = timeout_ms / 1000 + 5.0
         self.replaced = 0
         """How many times a fatally failed producer was replaced."""
+        self._metadata_timeout = min(10.0, timeout_ms / 1000)
+        self._writable: set[str] = set()  # topics the broker confirmed (see _refused_topics)
 
     def publish(self, records: Sequence[Record]) -> list[Outcome]:
         """Produce every record, flush, and return each delivery report's outcome."""
@@ -176,20 +207,24 @@ class KafkaPublisher:
 
             return on_delivery
 
-        failed_keys: set[tuple[str, bytes]] = set()
+        # A key's order spans topics (the outbox orders rows by key, whatever their topic).
+        failed_keys: set[bytes] = set()
+        refused_topics = self._refused_topics(records)
         for index, record in enumerate(records):
             if fatal.reason is not None:
                 break  # the producer can send nothing more; the rest is not delivered
-            if record.key is not None and (record.topic, record.key) in failed_keys:
+            if record.key is not None and record.key in failed_keys:
                 # An earlier record of this key was refused at once (e.g. too large):
-                # sending this one would overtake it. It waits; outage=True so the
-                # wait does not count towards parking it.
-                outcomes[index] = Outcome("an earlier record of its key failed", outage=True)
+                # sending this one would overtake it. It waits, untouched (HELD).
+                outcomes[index] = HELD
                 continue
-            self._produce(index, record, report(index), outcomes, fatal)
+            if record.topic in refused_topics:
+                outcomes[index] = refused_topics[record.topic]
+            else:
+                self._produce(index, record, report(index), outcomes, fatal)
             refused = outcomes[index]  # set already only when produce() refused it
             if record.key is not None and refused is not None and not refused.ok:
-                failed_keys.add((record.topic, record.key))
+                failed_keys.add(record.key)
 
         def waiting() -> bool:
             return any(o is None and r is _PENDING for o, r in zip(outcomes, reports, strict=True))
@@ -216,12 +251,38 @@ class KafkaPublisher:
             if fatal.reason is not None
             else Outcome("no delivery report in time", outage=True)
         )
-        return [
+        final = [
             outcome
             if outcome is not None
             else _reported(reports[index], missing, fatal.reason is not None)
             for index, outcome in enumerate(outcomes)
         ]
+        # A topic refused now is asked about again before its next records go.
+        self._writable -= {r.topic for r, o in zip(records, final, strict=True) if o.topic_failure}
+        return final
+
+    def _refused_topics(self, records: Sequence[Record]) -> dict[str, Outcome]:
+        """Ask the broker about topics not yet confirmed; return those it refuses as a whole.
+
+        librdkafka reports a missing topic only in the delivery report, after
+        ``topic.metadata.propagation.max.ms``, by which time later records of
+        the same keys in other topics may be acknowledged. Asked first, a
+        missing or forbidden topic fails its records before any is produced,
+        so the later records of their keys are held.
+        """
+        refused: dict[str, Outcome] = {}
+        for topic in sorted({r.topic for r in records} - self._writable):
+            try:
+                metadata = self._producer.list_topics(topic, timeout=self._metadata_timeout)
+            except KafkaException:
+                continue  # broker unreachable: producing reports the outage
+            found = metadata.topics.get(topic)
+            error = found.error if found is not None else None
+            if found is not None and error is None:
+                self._writable.add(topic)
+            elif error is not None and error.code() in _TOPIC_CODES:
+                refused[topic] = _outcome(error)
+        return refused
 
     def _produce(
         self,

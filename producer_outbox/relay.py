@@ -15,22 +15,41 @@ Guarantees and choices:
 - **At least once.** A row is marked sent only after Kafka acknowledged it, in
   the transaction that locked it. A crash between ack and COMMIT re-publishes
   that batch (duplicates ≤ one batch per lane); the inbox drops them by event id.
-- **Per-key order** holds with any number of relays: one lane per key, one
-  relay per lane (:mod:`.lanes`), seq order within a lane, and the
-  sequence-gap filter in :mod:`.claim`.
-- **Failure.** A row whose publish fails gets ``attempts + 1``, ``last_error``
-  and an exponential backoff; later rows *of the same key* wait for it (order),
-  rows of other keys do not. A row is parked (``status = 'dead'``, shown by
-  ``kinbox outbox status``) after ``max_attempts`` failures that are not an
-  outage; outage errors (broker unreachable, timeouts) never park a row, so a
-  long broker outage only delays publishing. A parked row no longer holds back
-  its key: the key's later rows go on (a visible gap, like a dead-letter queue).
-  Within a batch, a record refused at once by the client (e.g. "message too
-  large") holds back the later records of its key in that batch. Limitation:
-  a record that fails only in its delivery report while a *later* record of
-  its key was acknowledged cannot be taken back; the later one stays in Kafka
-  and the failed one goes out after it (the idempotent producer makes this
-  rare: it fails a partition's queue together on an outage).
+- **Per-key order.** A key is the ``key`` given to ``enqueue``
+  (``aggregateid``), across topics. A key's rows are published in
+  ``(txid, seq)`` order, the order :mod:`.claim` defines: the rows of one
+  transaction in the order it enqueued them, never interleaved with another
+  transaction's; the rows of different transactions in the order PostgreSQL
+  gave those transactions their ids — at their first write (INSERT, UPDATE,
+  DELETE, SELECT … FOR UPDATE/SHARE) or ``pg_current_xact_id()`` call, not at
+  BEGIN and not at COMMIT. A row goes out only once every transaction with a
+  lower id has ended, so the order is final when the row is published, every
+  relay agrees on it, and writers need not lock anything. It holds with any
+  number of relays: one lane per key, one relay per lane (:mod:`.lanes`).
+  It is *commit* order when the writers of a key serialise on a lock taken
+  before their first write: ``SELECT … FOR UPDATE`` of the aggregate's row (a
+  transaction waiting for a row lock gets its id only once it holds it) or
+  ``pg_advisory_xact_lock`` (which assigns no id) as the first statement. An
+  ``UPDATE`` as the first statement is not enough: PostgreSQL gives the
+  updating transaction its id *before* it waits for the row lock, so two such
+  writers starting at the same moment can be published in the opposite order
+  of their commits.
+- **Failure** (verdicts in :mod:`.batch`). A row whose publish fails by its
+  own fault gets ``attempts + 1``, ``last_error`` and an exponential backoff,
+  and is parked (``status = 'dead'``) on its ``max_attempts``-th such failure.
+  Later rows of its key wait for it, also while it is parked: a parked row
+  blocks its key until ``kinbox outbox requeue`` puts it back, and it then
+  goes out first (:mod:`.parked`). Rows of other keys never wait. Outages
+  (broker unreachable, timeouts) and a topic Kafka refuses as a whole
+  (missing, not authorized: :mod:`.topics`) never count as attempts and never
+  park; a row that only waited behind another is left untouched.
+  Limitation: when Kafka refuses a record only in its delivery report while a
+  later record of its key, sent in another produce request, is acknowledged,
+  the later one cannot be taken back; the relay logs the order break at
+  ERROR. The client refuses a record over its own ``message.max.bytes`` at
+  once, before sending it, and then the later rows of its key are held: with
+  ``-X message.max.bytes`` no higher than the topics' ``max.message.bytes``,
+  an oversized row cannot break order.
 - **Latency.** Writers ``NOTIFY`` in their transaction; the relay ``LISTEN``s
   and wakes within milliseconds of the commit. ``poll_interval`` is the
   fallback (lost notification, backoff expiry, rows held by the xmin filter).
@@ -44,92 +63,26 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import psycopg
 
-from kinbox.errors import ConfigurationError
-from kinbox.names import sql_identifier
 from producer_outbox import claim as store
+from producer_outbox import topics
+from producer_outbox.batch import Settlement, publish, settle
 from producer_outbox.cleanup import delete_sent
+from producer_outbox.config import RelayConfig
 from producer_outbox.failpoints import Failpoints
 from producer_outbox.lanes import LaneOwner
-from producer_outbox.publisher import Outcome, Publisher
-from producer_outbox.records import OutboxRow, describe, to_record
+from producer_outbox.publisher import Publisher
+from producer_outbox.records import to_record
 from producer_outbox.schema import notify_channel
+
+__all__ = ["Relay", "RelayConfig"]
 
 log = logging.getLogger(__name__)
 
 Connection = psycopg.Connection[tuple[Any, ...]]
-
-
-@dataclass(frozen=True)
-class RelayConfig:
-    """Relay settings; build from flags > env > defaults, then :meth:`validate`."""
-
-    database_url: str
-    schema: str = "kinbox"
-    lanes: int = 16
-    batch_size: int = 100
-    poll_interval: float = 1.0
-    max_attempts: int = 10
-    backoff_base: float = 0.5
-    backoff_max: float = 60.0
-    retention: timedelta = field(default=timedelta(days=7))
-    cleanup_interval: float = 3600.0
-    cleanup_batch: int = 1000
-    source: str | None = None
-
-    def validate(self) -> RelayConfig:
-        """Return self, or raise :class:`ConfigurationError` naming the bad setting."""
-        sql_identifier(self.schema, setting="schema")
-        checks: list[tuple[str, object, bool, str]] = [
-            ("lanes", self.lanes, 1 <= self.lanes <= 4096, "1..4096"),
-            ("batch_size", self.batch_size, 1 <= self.batch_size <= 10_000, "1..10000"),
-            ("poll_interval", self.poll_interval, 0 < self.poll_interval <= 3600, "(0, 3600]"),
-            ("max_attempts", self.max_attempts, self.max_attempts >= 1, ">= 1"),
-            ("backoff_base", self.backoff_base, self.backoff_base >= 0, ">= 0"),
-            ("backoff_max", self.backoff_max, self.backoff_max >= self.backoff_base, ">= base"),
-            ("retention", self.retention, self.retention >= timedelta(0), ">= 0"),
-            ("cleanup_interval", self.cleanup_interval, self.cleanup_interval > 0, "> 0"),
-            ("cleanup_batch", self.cleanup_batch, self.cleanup_batch >= 1, ">= 1"),
-        ]
-        for name, value, ok, allowed in checks:
-            if not ok:
-                raise ConfigurationError(f"{name}={value!r} is not allowed: use {allowed}")
-        if not self.database_url:
-            raise ConfigurationError("database_url is required (--database-url)")
-        return self
-
-    def backoff(self, attempts: int) -> float:
-        """Seconds to wait before try ``attempts + 1`` (exponential, capped)."""
-        return float(min(self.backoff_max, self.backoff_base * 2 ** min(attempts, 30)))
-
-
-def settle(
-    rows: Sequence[OutboxRow], outcomes: Sequence[Outcome], config: RelayConfig
-) -> tuple[list[Any], list[store.Failure]]:
-    """Split a published batch into acknowledged ids and failures (retry or park)."""
-    sent: list[Any] = []
-    failed: list[store.Failure] = []
-    for row, outcome in zip(rows, outcomes, strict=True):
-        if outcome.error is None:
-            sent.append(row.id)
-            continue
-        attempts = row.attempts + 1
-        park = not outcome.outage and attempts >= config.max_attempts
-        failed.append(store.Failure(row.id, outcome.error, config.backoff(row.attempts), park))
-        log.log(
-            logging.ERROR if park else logging.WARNING,
-            "outbox row %s: publish failed (attempt %d%s): %s",
-            describe(row),
-            attempts,
-            ", parked as dead" if park else "",
-            outcome.error,
-        )
-    return sent, failed
 
 
 class Relay:
@@ -149,6 +102,11 @@ class Relay:
         self._failpoints = failpoints or Failpoints()
         self._stopping = False
         self._next_cleanup = time.monotonic()  # first cleanup right after start
+        # Rounds of the lanes in a row that met an outage and reached Kafka with
+        # nothing: the outage's backoff grows with it.
+        self._outages = 0
+        self._round_sent = self._round_outage = False
+        self._failing: set[str] = set()  # topics recorded as failing (.topics)
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the current batch (signal-handler safe)."""
@@ -195,11 +153,17 @@ class Relay:
 
     def run_lanes(self, conn: Connection, lanes: Sequence[int]) -> bool:
         """One batch per lane; True if any batch was full (more may be waiting)."""
+        self._failing = topics.failing(conn, self.config.schema)
+        self._round_sent = self._round_outage = False
         busy = False
         for lane in lanes:
             if self._stopping:
                 break
             busy |= self.run_batch(conn, lane) >= self.config.batch_size
+        if self._round_sent:
+            self._outages = 0
+        elif self._round_outage:
+            self._outages += 1
         return busy
 
     def run_batch(self, conn: Connection, lane: int) -> int:
@@ -215,13 +179,49 @@ class Relay:
             if not rows:
                 return 0
             records = [to_record(row, source=self.config.source) for row in rows]
-            outcomes = self._publisher.publish(records)
+            outcomes = publish(self._publisher, rows, records)
             # Crash test: acked by Kafka, not yet marked: a restart must re-publish.
             self._failpoints.hit("relay_after_publish")
-            sent, failed = settle(rows, outcomes, self.config)
-            store.mark(conn, self.config.schema, sent, failed)
-        log.debug("outbox lane %d: %d sent, %d failed", lane, len(sent), len(failed))
+            result = settle(
+                rows, outcomes, self.config, outage_delay=self.config.backoff(self._outages)
+            )
+            store.mark(conn, self.config.schema, result.sent, result.failed)
+        self._round_sent |= bool(result.sent)
+        self._round_outage |= result.outages > 0
+        self._track_topics(conn, result)
+        log.debug(
+            "outbox lane %d: %d sent, %d failed, %d held",
+            lane,
+            len(result.sent),
+            len(result.failed) + len(result.topics),
+            result.held,
+        )
         return len(rows)
+
+    def _track_topics(self, conn: Connection, result: Settlement) -> None:
+        """Pause the topics Kafka refused as a whole; forget those that work again."""
+        for topic, error in sorted(result.topics.items()):
+            failures, retry_in = topics.record_failure(
+                conn,
+                self.config.schema,
+                topic,
+                error,
+                base=self.config.backoff_base,
+                cap=self.config.backoff_max,
+            )
+            self._failing.add(topic)
+            log.error(
+                "outbox topic %r refused by Kafka (%s): its rows wait, never parked "
+                "(round %d, next try in %.1fs)",
+                topic,
+                error,
+                failures,
+                retry_in,
+            )
+        for topic in sorted((result.acked_topics & self._failing) - result.topics.keys()):
+            self._failing.discard(topic)
+            if topics.clear(conn, self.config.schema, topic):
+                log.info("outbox topic %r accepts records again", topic)
 
     def _maybe_cleanup(self, conn: Connection) -> None:
         if time.monotonic() < self._next_cleanup:

@@ -12,11 +12,21 @@ the relay to CDC is a connector configuration (``kinbox outbox debezium-config``
 ``payload_bytes``  bytea payload when the caller enqueued ``bytes``
 =================  =========================================================
 
-plus the relay's own columns: ``seq`` (bigserial, the publishing order),
-``txid`` (the writing transaction's id, for the sequence-gap filter in
-:mod:`producer_outbox.claim`), ``topic``, ``headers`` (jsonb object of text
-values), ``status`` (``pending`` / ``sent`` / ``dead``), ``attempts``,
+plus the relay's own columns: ``txid`` (the writing transaction's id) and
+``seq`` (bigserial, enqueue order), which together are the publishing order
+``(txid, seq)`` (see :mod:`producer_outbox.claim`), ``topic``, ``headers``
+(jsonb object of text values), ``status`` (``pending`` / ``sent`` / ``dead``),
+``attempts`` (tries the broker answered for the row itself: its own failures
+and the final success; outages and waits behind other rows do not count),
 ``last_error``, ``next_attempt_at``, ``created_at``, ``sent_at``.
+
+Step 2 publishes in ``(txid, seq)`` order instead of ``seq`` order: it swaps
+the claim's indexes for ones in that order and adds ``outbox_failing_topics``,
+one row per topic the broker refuses as a whole (missing, not authorized;
+see :mod:`producer_outbox.topics`). Its ``CREATE INDEX`` runs inside the
+migration's transaction and blocks writes to the outbox while it builds,
+which takes a moment on a table that holds mostly pending and parked rows
+(sent rows are outside both partial indexes).
 
 Bytes payloads live in their own ``bytea`` column so they round-trip exactly
 (no base64 convention a consumer must know); a CDC connector only routes
@@ -78,7 +88,34 @@ def _create_table(schema: sql.Identifier) -> Sequence[sql.Composed | sql.SQL]:
     ]
 
 
-OUTBOX = Component("outbox", [_create_table])
+def _publish_order_and_failing_topics(schema: sql.Identifier) -> Sequence[sql.Composed | sql.SQL]:
+    return [
+        # The claim reads pending rows in (txid, seq) order (replaces the seq index).
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS outbox_claim_idx ON {}.outbox (txid, seq)"
+            " WHERE status = 'pending'"
+        ).format(schema),
+        # The claim's "earlier unfinished row of the same key?" probe, in the same
+        # order; parked rows are in it because they hold their key back.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS outbox_key_order_idx ON {}.outbox (aggregateid, txid, seq)"
+            " WHERE status <> 'sent'"
+        ).format(schema),
+        sql.SQL("DROP INDEX IF EXISTS {}.outbox_pending_idx").format(schema),
+        sql.SQL("DROP INDEX IF EXISTS {}.outbox_pending_key_idx").format(schema),
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.outbox_failing_topics ("
+            " topic text PRIMARY KEY,"
+            " error text NOT NULL,"
+            " failures integer NOT NULL DEFAULT 1,"
+            " first_failed_at timestamptz NOT NULL DEFAULT now(),"
+            " last_failed_at timestamptz NOT NULL DEFAULT now(),"
+            " retry_at timestamptz NOT NULL)"
+        ).format(schema),
+    ]
+
+
+OUTBOX = Component("outbox", [_create_table, _publish_order_and_failing_topics])
 """The outbox component: ``kinbox migrate`` applies it next to the inbox's."""
 
 

@@ -90,7 +90,11 @@ def enqueue(
     """Add an event to the outbox in the transaction of ``conn``; return its event id.
 
     Nothing is published before the caller commits; a rollback discards the
-    event. Rows of one ``key`` are published in order, to one partition.
+    event. Rows of one ``key`` go to one partition, in ``(txid, seq)`` order:
+    one transaction's in the order it enqueued them; across transactions, in
+    the order they got their transaction ids (their first write), which is
+    commit order when writers of the key take ``SELECT … FOR UPDATE`` on the
+    aggregate (or an advisory lock) first (see :mod:`producer_outbox.relay`).
 
     Args:
         conn: the caller's connection or cursor, inside its transaction.

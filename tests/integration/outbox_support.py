@@ -20,8 +20,9 @@ from psycopg import sql
 
 from kinbox.devstack.stack import Stack
 from kinbox.migrations import migrate
+from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import KafkaPublisher, producer_config
-from producer_outbox.relay import Relay, RelayConfig
+from producer_outbox.relay import Relay
 from producer_outbox.schema import OUTBOX
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +69,7 @@ def consume(
     timeout: float = 60.0,
     linger: float = 1.0,
     keep: Callable[[Received], bool] = lambda _record: True,
+    bootstrap_servers: str | None = None,
 ) -> list[Received]:
     """Read ``topic`` from the start until ``expected`` records came (and ``linger`` s more).
 
@@ -75,7 +77,7 @@ def consume(
     """
     consumer = Consumer(
         {
-            "bootstrap.servers": stack.bootstrap_servers,
+            "bootstrap.servers": bootstrap_servers or stack.bootstrap_servers,
             "group.id": f"outbox-test-{uuid.uuid4().hex}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": "false",
@@ -191,3 +193,33 @@ def enqueue_many(
         for key, n in items:
             with conn.transaction():
                 enqueue(conn, topic, {"key": key, "n": n}, key=key, schema=schema)
+
+
+def outbox_command(stack: Stack, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``kinbox outbox <args>`` against the test database as a real process."""
+    return subprocess.run(
+        [sys.executable, "-m", "kinbox.cli", "outbox", *args,
+         "--database-url", stack.database_url, "--schema", schema],
+        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+    )  # fmt: skip
+
+
+def same_lane_key(db: Conn, key: str, lanes: int, *, prefix: str = "probe") -> str:
+    """Return a key other than ``key`` that hashes into ``key``'s lane (same claim, same relay)."""
+    row = db.execute(
+        "SELECT c FROM (SELECT %s || n AS c FROM generate_series(1, 10000) AS n) AS k"
+        " WHERE (hashtext(c) & 2147483647) %% %s = (hashtext(%s) & 2147483647) %% %s LIMIT 1",
+        (prefix, lanes, key, lanes),
+    ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def outbox_rows(db: Conn, schema: str, where: str = "true") -> list[tuple[Any, ...]]:
+    """``(id, key, status, attempts, last_error)`` of the rows, in publishing order."""
+    query = sql.SQL(
+        "SELECT id::text, aggregateid, status, attempts, last_error FROM {}.outbox WHERE "
+        + where
+        + " ORDER BY txid, seq"
+    ).format(sql.Identifier(schema))
+    return db.execute(query).fetchall()

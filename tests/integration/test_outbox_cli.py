@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from psycopg import sql
 
 from kinbox.devstack.stack import Stack
-from tests.integration.outbox_support import Conn, count, enqueue_many, migrate_outbox
-
-
-def _outbox(stack: Stack, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kinbox.cli", "outbox", *args,
-         "--database-url", stack.database_url, "--schema", schema],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+from tests.integration.outbox_support import (
+    Conn,
+    count,
+    enqueue_many,
+    migrate_outbox,
+    outbox_command,
+)
 
 
 def test_status_shows_backlog_and_parked_rows_and_cleanup_removes_only_old_sent(
@@ -47,8 +43,8 @@ def test_status_shows_backlog_and_parked_rows_and_cleanup_removes_only_old_sent(
     )
 
     # When the operator asks for the status
-    shown = _outbox(stack, schema, "status", "--json")
-    text = _outbox(stack, schema, "status")
+    shown = outbox_command(stack, schema, "status", "--json")
+    text = outbox_command(stack, schema, "status")
 
     # Then it counts each state and names the parked row with its error
     assert shown.returncode == 0, shown.stderr
@@ -57,9 +53,13 @@ def test_status_shows_backlog_and_parked_rows_and_cleanup_removes_only_old_sent(
     assert state["oldest_pending_seconds"] >= 0
     assert [row["id"] for row in state["parked"]] == [str(ids[2])]
     assert "MSG_SIZE_TOO_LARGE" in text.stdout and "dead (parked): 1" in text.stdout
+    # and the key the parked row blocks (no later row of it waits), no failing topic
+    assert state["blocked"] == 1 and state["failing_topics"] == []
+    assert [(k["key"], k["held"]) for k in state["blocked_keys"]] == [("k2", 0)]
+    assert "blocked keys (a parked row holds back their later rows): 1" in text.stdout
 
     # When cleanup runs with the default 7-day retention
-    cleaned = _outbox(stack, schema, "cleanup", "--batch-size", "1")
+    cleaned = outbox_command(stack, schema, "cleanup", "--batch-size", "1")
     # Then only the old sent row is gone; pending, parked and recent rows stay
     assert cleaned.returncode == 0, cleaned.stderr
     assert count(db, schema) == 4

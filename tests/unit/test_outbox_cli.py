@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from producer_outbox.cli import outbox, redact
 
 
-@pytest.mark.parametrize("command", ["relay", "status", "cleanup", "debezium-config"])
+@pytest.mark.parametrize("command", ["relay", "status", "requeue", "cleanup", "debezium-config"])
 def test_every_command_has_help(command: str) -> None:
     result = CliRunner().invoke(outbox, [command, "--help"])
     assert result.exit_code == 0, result.output
@@ -70,3 +70,13 @@ def test_unreachable_database_exits_3_without_the_password() -> None:
 def test_redact_masks_url_and_conninfo_passwords() -> None:
     assert redact("postgresql://u:pw@h/db") == "postgresql://u:***@h/db"
     assert "pw" not in redact("host=h password=pw dbname=d")
+
+
+@pytest.mark.parametrize(
+    "choice", [[], ["--all", "--key", "k"], ["--id", "not-a-uuid"], ["--key", "k", "--all"]]
+)
+def test_requeue_needs_exactly_one_valid_choice(choice: list[str]) -> None:
+    result = CliRunner().invoke(
+        outbox, ["requeue", "--database-url", "postgresql://u@127.0.0.1:1/db", *choice]
+    )
+    assert result.exit_code == 2, result.output

@@ -6,29 +6,16 @@ from datetime import timedelta
 import pytest
 
 from kinbox.errors import ConfigurationError
+from producer_outbox.config import RelayConfig
 from producer_outbox.failpoints import FailpointError, Failpoints, parse
-from producer_outbox.publisher import ACKED, KafkaPublisher, Outcome, producer_config
+from producer_outbox.publisher import HELD, KafkaPublisher, producer_config
 from producer_outbox.records import OutboxRow, Record, row_from_db, to_record
-from producer_outbox.relay import RelayConfig, settle
 
 
-def _row(attempts: int = 0, key: str | None = "k", event_type: str | None = None) -> OutboxRow:
-    return OutboxRow(uuid.uuid4(), 1, "t", key, event_type, b"{}", {"h": "v"}, attempts)
-
-
-def test_settle_marks_acked_sent_retries_failures_and_parks_after_max() -> None:
-    config = RelayConfig(database_url="x", max_attempts=3)
-    ok, retry, park, outage = _row(), _row(attempts=0), _row(attempts=2), _row(attempts=50)
-    sent, failed = settle(
-        [ok, retry, park, outage],
-        [ACKED, Outcome("MSG_SIZE_TOO_LARGE"), Outcome("bad"), Outcome("timeout", outage=True)],
-        config,
-    )
-    assert sent == [ok.id]
-    by_id = {f.id: f for f in failed}
-    assert not by_id[retry.id].park and by_id[park.id].park
-    assert not by_id[outage.id].park, "an outage never parks a row"
-    assert by_id[outage.id].delay == config.backoff_max
+def _row(
+    attempts: int = 0, key: str | None = "k", event_type: str | None = None, topic: str = "t"
+) -> OutboxRow:
+    return OutboxRow(uuid.uuid4(), 1, topic, key, event_type, b"{}", {"h": "v"}, attempts)
 
 
 def test_backoff_is_exponential_and_capped() -> None:
@@ -96,15 +83,17 @@ def test_refused_record_holds_back_later_records_of_its_key() -> None:
             {"message.timeout.ms": "300", "message.max.bytes": "1000", "log_level": "0"},
         )
     )
-    big, same_key, other = (
+    big, same_key, same_key_elsewhere, other = (
         Record("t", b"k", b"x" * 5000, []),
         Record("t", b"k", b"v", []),
+        Record("t2", b"k", b"v", []),
         Record("t", b"o", b"x" * 5000, []),
     )
-    outcomes = publisher.publish([big, same_key, other])
+    outcomes = publisher.publish([big, same_key, same_key_elsewhere, other])
     assert not outcomes[0].outage and "SIZE" in (outcomes[0].error or "")
-    assert outcomes[1].outage and "earlier record" in (outcomes[1].error or "")
-    assert "SIZE" in (outcomes[2].error or "")
+    assert outcomes[1] is HELD, "waits behind its key without counting as an attempt"
+    assert outcomes[2] is HELD, "a key's order spans topics"
+    assert "SIZE" in (outcomes[3].error or "")
 
 
 def test_failpoints_parse_and_fire_on_the_nth_pass() -> None:

@@ -1,0 +1,161 @@
+"""One claimed batch: publish it keeping each key's order, then settle every row's verdict.
+
+Publishing (:func:`publish`). Rows that failed before (``attempts > 0``) are
+published alone, each with its own flush. A record the broker refuses — too
+large for the topic, say — fails the whole produce request it travels in, so
+its innocent neighbours fail with it once; alone, the retry tells the bad row
+from the others, and only the bad row moves on towards parking. Once a row of
+a key has failed, the later rows of that key in the batch are not sent.
+
+Verdicts (:func:`settle`), per row:
+
+==================  ===========================================================
+acknowledged        sent
+its own failure     ``attempts + 1``, retried after a backoff; parked
+                    (``status = 'dead'``) on its ``max_attempts``-th failure
+outage              Kafka unreachable, timeouts: ``last_error`` recorded,
+                    retried after the relay's outage backoff; never counts,
+                    never parks, so a long outage followed by one real
+                    failure does not park a row at once
+topic failure       the topic is missing or not authorized: the row is left
+                    untouched and the topic paused (:mod:`.topics`)
+held                waited behind an earlier failed row of its key: left
+                    untouched (no attempt is counted: it was never tried)
+==================  ===========================================================
+
+A row acknowledged after an earlier row of its key failed *in the same
+publish* (the broker refused the earlier record in another produce request)
+is an order break that cannot be taken back; it is logged at ERROR, never
+silent.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from producer_outbox.claim import Failure
+from producer_outbox.config import RelayConfig
+from producer_outbox.publisher import HELD, Outcome, Publisher
+from producer_outbox.records import OutboxRow, Record, describe
+
+log = logging.getLogger(__name__)
+
+
+def publish(
+    publisher: Publisher, rows: Sequence[OutboxRow], records: Sequence[Record]
+) -> list[Outcome]:
+    """Publish ``records`` (made from ``rows``, in claim order); one outcome per row.
+
+    Fresh rows go together in one ``publish`` call; a row that failed before
+    goes alone. A key whose row failed has its later rows :data:`HELD`.
+    """
+    outcomes: list[Outcome] = [HELD] * len(rows)
+    failed_keys: set[str] = set()
+    together: list[int] = []
+
+    def send(indexes: list[int]) -> None:
+        if not indexes:
+            return
+        results = publisher.publish([records[i] for i in indexes])
+        for i, outcome in zip(indexes, results, strict=True):
+            outcomes[i] = outcome
+            key = rows[i].key
+            if not outcome.ok and key is not None:
+                failed_keys.add(key)
+        indexes.clear()
+
+    for index, row in enumerate(rows):
+        if row.attempts > 0:
+            send(together)  # everything before it first: their outcomes decide its fate
+            if row.key is None or row.key not in failed_keys:
+                send([index])
+        elif row.key is None or row.key not in failed_keys:
+            together.append(index)
+    send(together)
+    return outcomes
+
+
+@dataclass
+class Settlement:
+    """What a published batch comes to (see the module docstring)."""
+
+    sent: list[uuid.UUID] = field(default_factory=list)
+    failed: list[Failure] = field(default_factory=list)
+    topics: dict[str, str] = field(default_factory=dict)
+    """Failing topic -> the error Kafka gave."""
+    acked_topics: set[str] = field(default_factory=set)
+    held: int = 0
+    outages: int = 0
+    order_broken: int = 0
+
+
+def settle(
+    rows: Sequence[OutboxRow],
+    outcomes: Sequence[Outcome],
+    config: RelayConfig,
+    *,
+    outage_delay: float | None = None,
+) -> Settlement:
+    """Give every published row its verdict.
+
+    Args:
+        rows: the claimed rows, in claim order.
+        outcomes: one per row, from :func:`publish`.
+        config: ``max_attempts`` and the backoff of a row's own failures.
+        outage_delay: seconds before an outage's rows are tried again (the
+            relay's outage backoff); ``config.backoff(0)`` by default.
+    """
+    result = Settlement()
+    delay = config.backoff(0) if outage_delay is None else outage_delay
+    failed_keys: set[str] = set()
+    outage_error = ""
+    for row, outcome in zip(rows, outcomes, strict=True):
+        if outcome.ok:
+            result.sent.append(row.id)
+            result.acked_topics.add(row.topic)
+            if row.key is not None and row.key in failed_keys:
+                result.order_broken += 1
+                log.error(
+                    "outbox row %s: per-key order broken: Kafka acknowledged it while an "
+                    "earlier row of its key in the same batch failed (refused in another "
+                    "produce request); that row will be published after it",
+                    describe(row),
+                )
+            continue
+        if outcome.held:
+            result.held += 1
+            continue
+        if row.key is not None:
+            failed_keys.add(row.key)
+        error = outcome.error or "unknown error"
+        if outcome.topic_failure:
+            result.topics.setdefault(row.topic, error)
+        elif outcome.outage:
+            result.outages += 1
+            outage_error = error
+            result.failed.append(Failure(row.id, error, delay, park=False, counts=False))
+        else:
+            attempts = row.attempts + 1
+            park = attempts >= config.max_attempts
+            result.failed.append(Failure(row.id, error, config.backoff(row.attempts), park))
+            log.log(
+                logging.ERROR if park else logging.WARNING,
+                "outbox row %s: publish failed (attempt %d of %d%s): %s",
+                describe(row),
+                attempts,
+                config.max_attempts,
+                "; parked as dead, its key's later rows wait until it is requeued" if park else "",
+                error,
+            )
+    if result.outages:
+        log.warning(
+            "outbox: %d rows not published, Kafka unavailable (%s); retrying in %.1fs "
+            "(an outage never counts as an attempt)",
+            result.outages,
+            outage_error,
+            delay,
+        )
+    return result

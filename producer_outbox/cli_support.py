@@ -1,0 +1,95 @@
+"""What every ``kinbox outbox`` command shares: exit codes, options, connecting, errors.
+
+Settings come from flags, then ``KINBOX_*`` environment variables, then
+defaults, as for the worker. Passwords never reach the output: URLs are
+printed with the password masked, ``-X`` secrets are never printed.
+
+Exit codes: 0 ok, 2 bad usage or configuration, 3 cannot connect (PostgreSQL,
+or Kafka Connect for ``--register``), 4 schema missing or too old, 5 ``status``
+crossed a warning threshold, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+import psycopg
+
+from kinbox.errors import ConfigurationError, SchemaError
+from kinbox.migrations import check
+from kinbox.names import sql_identifier
+from producer_outbox.schema import OUTBOX
+
+RET_ERROR = 1
+RET_CONFIG = 2
+RET_CONNECT = 3
+RET_SCHEMA = 4
+RET_WARNING = 5
+"""``status``: a threshold was crossed (a replication slot holds back too much WAL)."""
+
+_URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*(@)")
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
+
+
+def redact(url: str) -> str:
+    """Mask the password of a PostgreSQL URL or ``key=value`` conninfo."""
+    return _KV_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***\2", url))
+
+
+def database_option(function: Any) -> Any:
+    """Add ``--database-url`` and ``--schema`` (with their ``KINBOX_*`` variables)."""
+    function = click.option(
+        "--schema",
+        envvar="KINBOX_SCHEMA",
+        default="kinbox",
+        show_default=True,
+        help="PostgreSQL schema of the kinbox tables [env KINBOX_SCHEMA].",
+    )(function)
+    return click.option(
+        "--database-url",
+        envvar="KINBOX_DATABASE_URL",
+        required=True,
+        help="PostgreSQL URL or conninfo [env KINBOX_DATABASE_URL].",
+    )(function)
+
+
+def parse_overrides(values: tuple[str, ...]) -> dict[str, str]:
+    """Parse repeated ``-X key=value`` options into a dict."""
+    overrides: dict[str, str] = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"{name!r} is not key=value", param_hint="-X")
+        overrides[name.strip()] = value
+    return overrides
+
+
+def connect(database_url: str, schema: str) -> psycopg.Connection[Any]:
+    """Connect (autocommit) and check the outbox tables are migrated; exit 3 or 4 if not."""
+    sql_identifier(schema, setting="schema")
+    try:
+        conn = psycopg.connect(database_url, autocommit=True)
+    except psycopg.Error as exc:
+        click.echo(f"cannot connect to PostgreSQL at {redact(database_url)}: {exc}", err=True)
+        raise SystemExit(RET_CONNECT) from exc
+    try:
+        check(conn, schema, OUTBOX)
+    except SchemaError as exc:
+        conn.close()
+        click.echo(str(exc), err=True)
+        raise SystemExit(RET_SCHEMA) from exc
+    return conn
+
+
+class ConfigGroup(click.Group):
+    """Turns :class:`ConfigurationError` into a one-line message and exit code 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; a configuration error ends it with exit code 2."""
+        try:
+            return super().invoke(ctx)
+        except ConfigurationError as exc:
+            click.echo(f"configuration error: {exc}", err=True)
+            raise SystemExit(RET_CONFIG) from exc

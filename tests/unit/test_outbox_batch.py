@@ -1,0 +1,129 @@
+"""Verdicts of a published batch, and how a batch is cut into publishes (no services)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import pytest
+from confluent_kafka import KafkaError
+
+from producer_outbox.batch import publish, settle
+from producer_outbox.config import RelayConfig
+from producer_outbox.publisher import ACKED, HELD, Outcome, _outcome
+from producer_outbox.records import OutboxRow, Record, to_record
+
+TOPIC_DOWN = Outcome("UNKNOWN_TOPIC_OR_PART: gone", outage=True, topic_failure=True)
+TIMEOUT = Outcome("_MSG_TIMED_OUT: timed out", outage=True)
+
+
+def _row(key: str | None = "k", attempts: int = 0, topic: str = "t") -> OutboxRow:
+    return OutboxRow(uuid.uuid4(), 1, topic, key, None, b"{}", {}, attempts)
+
+
+def test_own_failures_count_and_park_on_the_last_attempt() -> None:
+    config = RelayConfig(database_url="x", max_attempts=3)
+    ok, first, last = _row("a"), _row("b"), _row("c", attempts=2)
+    result = settle([ok, first, last], [ACKED, Outcome("too big"), Outcome("bad")], config)
+    assert result.sent == [ok.id]
+    by_id = {f.id: f for f in result.failed}
+    assert by_id[first.id].counts and not by_id[first.id].park
+    assert by_id[first.id].delay == config.backoff(0)
+    assert by_id[last.id].counts and by_id[last.id].park
+
+
+def test_an_outage_neither_counts_nor_parks_and_uses_the_outage_delay() -> None:
+    # Given a row that already failed max_attempts - 1 times by its own fault
+    config = RelayConfig(database_url="x", max_attempts=3)
+    row = _row(attempts=2)
+    # When an outage fails it (however long the outage lasts)
+    result = settle([row], [TIMEOUT], config, outage_delay=7.0)
+    # Then the error is recorded, the attempt is not counted, and it is not parked
+    (failure,) = result.failed
+    assert (failure.counts, failure.park, failure.delay) == (False, False, 7.0)
+    assert failure.error == TIMEOUT.error and result.outages == 1
+
+
+def test_a_topic_failure_leaves_rows_untouched_and_reports_the_topic() -> None:
+    config = RelayConfig(database_url="x", max_attempts=1)
+    rows = [_row("a", topic="gone"), _row("b", attempts=5, topic="gone")]
+    result = settle(rows, [TOPIC_DOWN, TOPIC_DOWN], config)
+    assert result.failed == [] and result.sent == []
+    assert result.topics == {"gone": TOPIC_DOWN.error}
+
+
+def test_a_row_held_behind_its_key_gains_no_attempt() -> None:
+    config = RelayConfig(database_url="x", max_attempts=1)
+    bad, waiting = _row("k"), _row("k")
+    result = settle([bad, waiting], [Outcome("too big"), HELD], config)
+    assert [f.id for f in result.failed] == [bad.id]
+    assert result.held == 1
+
+
+def test_an_ack_after_a_failure_of_the_same_key_is_reported_as_an_order_break(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = RelayConfig(database_url="x")
+    rows = [_row("k"), _row("k"), _row("other")]
+    result = settle(rows, [Outcome("too big"), ACKED, ACKED], config)
+    assert result.order_broken == 1
+    assert "per-key order broken" in caplog.text
+
+
+def test_outcomes_classify_topic_and_authorization_errors_as_topic_outages() -> None:
+    for code in (
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    ):
+        outcome = _outcome(KafkaError(code))
+        assert outcome.topic_failure and outcome.outage, code
+    size = _outcome(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+    assert not size.outage and not size.topic_failure
+    assert _outcome(KafkaError(KafkaError._MSG_TIMED_OUT)).outage
+
+
+class _Script:
+    """A publisher that answers from a script by record value and records each call."""
+
+    def __init__(self, fates: dict[bytes, Outcome]) -> None:
+        self.fates = fates
+        self.calls: list[list[bytes]] = []
+
+    def publish(self, records: Sequence[Record]) -> list[Outcome]:
+        self.calls.append([r.value for r in records])
+        return [self.fates.get(r.value, ACKED) for r in records]
+
+    def close(self) -> None:
+        pass
+
+
+def _named(name: str, key: str | None, attempts: int = 0) -> OutboxRow:
+    return OutboxRow(uuid.uuid4(), 1, "t", key, None, name.encode(), {}, attempts)
+
+
+def test_a_row_that_failed_before_is_published_alone_and_its_failure_holds_its_key() -> None:
+    # Given fresh rows around a retried row r of key k2
+    rows = [
+        _named("a", "k1"),
+        _named("r", "k2", attempts=1),
+        _named("b", "k2"),
+        _named("c", "k1"),
+        _named("n", None),
+    ]
+    publisher = _Script({b"r": Outcome("too big")})
+    # When the batch is published
+    outcomes = publish(publisher, rows, [to_record(row) for row in rows])
+    # Then r went alone, after what came before it, and b (behind r) was never sent
+    assert publisher.calls == [[b"a"], [b"r"], [b"c", b"n"]]
+    assert outcomes[2] is HELD
+    assert [o.ok for o in outcomes] == [True, False, False, True, True]
+
+
+def test_a_retried_row_behind_a_failed_row_of_its_key_is_not_sent() -> None:
+    rows = [_named("a", "k"), _named("r", "k", attempts=2)]
+    publisher = _Script({b"a": Outcome("bad")})
+    outcomes = publish(publisher, rows, [to_record(row) for row in rows])
+    assert publisher.calls == [[b"a"]]
+    assert outcomes[1] is HELD
