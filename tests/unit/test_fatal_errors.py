@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -155,6 +156,10 @@ class StubProducer:
 
     def flush(self, timeout: float = -1) -> int:
         return self.poll(timeout)
+
+    def list_topics(self, topic: str, timeout: float = -1) -> Any:
+        # The relay asks about a topic before its first record; every topic exists here.
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None)})
 
     def poll(self, timeout: float = -1) -> int:
         action = self._next()
