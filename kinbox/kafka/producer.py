@@ -68,10 +68,21 @@ def producer_config(settings: Settings) -> dict[str, Any]:
 
 
 class KafkaPublisher:
-    """:class:`Publisher` on a confluent-kafka ``Producer``."""
+    """:class:`Publisher` on a confluent-kafka ``Producer``.
 
-    def __init__(self, settings: Settings) -> None:
+    Args:
+        settings: bootstrap servers and ``-X`` overrides.
+        max_record_bytes: the largest record to be sent (the dead-letter
+            topics' limit); raises the client's own ``message.max.bytes``
+            (default 1,000,000, below a topic's default of 1,048,588) so the
+            client never refuses what the topic would take. ``-X`` wins.
+    """
+
+    def __init__(self, settings: Settings, max_record_bytes: int | None = None) -> None:
         self._config = producer_config(settings)
+        if max_record_bytes is not None and "message.max.bytes" not in settings.kafka_overrides:
+            # librdkafka's bounds for the setting.
+            self._config["message.max.bytes"] = min(max(max_record_bytes, 1000), 1_000_000_000)
         self._timeout = int(self._config["message.timeout.ms"]) / 1000 + 5.0
         self._errors: list[str] = []
         try:
