@@ -196,7 +196,7 @@ def _create(
         try:
             future.result(timeout=_remaining(deadline))
         except KafkaException as exc:
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            err = _error(exc)
             if err is not None and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue  # another member created it meanwhile
             if err is not None and err.code() in _REFUSED:
@@ -211,6 +211,10 @@ def _create(
     return created
 
 
+def _error(exc: KafkaException) -> KafkaError | None:
+    return exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+
+
 def _check_writable(admin: AdminClient, topics: list[str], deadline: float) -> None:
     try:
         futures = admin.describe_topics(TopicCollection(topics), include_authorized_operations=True)
@@ -220,6 +224,13 @@ def _check_writable(admin: AdminClient, topics: list[str], deadline: float) -> N
         try:
             description = future.result(timeout=_remaining(deadline))
         except KafkaException as exc:
+            err = _error(exc)
+            if err is not None and err.code() in _REFUSED:
+                raise ConfigurationError(
+                    f"not authorized to use dead-letter topic {name!r}: {err.str()} "
+                    f"({err.name()}); a poison event could never be dead-lettered: grant "
+                    "DESCRIBE and WRITE on it"
+                ) from exc
             raise translate(f"describing dead-letter topic {name!r}", exc) from exc
         allowed = description.authorized_operations
         # None: the broker did not say (no authorizer, or an old broker).
