@@ -106,6 +106,8 @@ class BatchProcessor:
         max_attempts: tries before dead-lettering, unless the route sets its own.
         missing_id: ``dead-letter``, ``derive`` or ``fail``.
         middleware: hooked around every batch (see :mod:`kinbox.middleware`).
+        dead_letter_limits: the record size limit of each dead-letter topic,
+            which its ``kinbox.dlq.*`` headers must not push a record over.
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class BatchProcessor:
         max_attempts: int = 5,
         missing_id: str = "dead-letter",
         middleware: Sequence[Middleware] = (),
+        dead_letter_limits: Mapping[str, int] | None = None,
     ) -> None:
         self._routes = routes
         self._store = store
@@ -127,6 +130,7 @@ class BatchProcessor:
         self._dispatcher = Dispatcher(consumer, max_attempts)
         self._missing_id = missing_id
         self._chain = Chain(middleware)
+        self._limits = dict(dead_letter_limits or {})
 
     def process(self, records: Sequence[Record], attempt: int = 1) -> BatchResult:
         """Apply ``records`` (one partition, offset order); never raises for bad input.
@@ -250,7 +254,7 @@ class BatchProcessor:
                 # if the broker never gets them, the batch rolls back instead.
                 letters.sort(key=lambda item: item.record.offset)
                 for letter in letters:
-                    deadletter.send(self._publisher, letter)
+                    deadletter.send(self._publisher, letter, self._limits.get(letter.target))
                 self._publisher.flush()
             failpoint("before_db_commit")
         failpoint("after_db_commit")

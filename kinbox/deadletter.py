@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kinbox.envelope import Record
+from kinbox.errors import TransportError
 from kinbox.kafka import Publisher
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,33 @@ class Letter:
         return _truncate(f"{self.reason}: {type(self.error).__name__}: {self.error}")
 
 
-def headers(letter: Letter, now: dt.datetime | None = None) -> list[tuple[str, bytes | None]]:
-    """The dead letter's headers: the original ones, then the ``kinbox.dlq.*`` ones."""
+RECORD_OVERHEAD_BYTES = 256
+"""Room left for a record's framing (batch header, lengths, varints) when sizing headers."""
+
+# kinbox.dlq.* headers, the first ones the most needed: when a record is too
+# close to the dead-letter topic's size limit, the last ones go first and
+# ``error.message`` is shortened before anything is dropped.
+_ESSENTIAL = ("topic", "partition", "offset", "consumer", "reason")
+_SHORT_MESSAGE = 64
+_FIELD_LIMITS = {"reason": 500, "error.type": 200, "error.message": MAX_MESSAGE_BYTES}
+
+
+def headers(
+    letter: Letter, now: dt.datetime | None = None, max_bytes: int | None = None
+) -> list[tuple[str, bytes | None]]:
+    """The dead letter's headers: the original ones, then the ``kinbox.dlq.*`` ones.
+
+    With ``max_bytes`` (the dead-letter topic's record size limit) the
+    ``kinbox.dlq.*`` headers are shortened or left out, least needed first,
+    so that they never push the record over the limit: ``error.message`` is
+    cut, then ``time``, ``attempts``, ``error.type`` and ``error.message`` are
+    dropped; where from and why (topic, partition, offset, consumer, reason)
+    always stay.
+
+    Raises:
+        TransportError: even the original record with only the essential
+            headers is over ``max_bytes``; it cannot be dead-lettered there.
+    """
     r = letter.record
     when = (now or dt.datetime.now(dt.UTC)).isoformat(timespec="milliseconds")
     extra = {
@@ -84,22 +110,67 @@ def headers(letter: Letter, now: dt.datetime | None = None) -> list[tuple[str, b
         "consumer": letter.consumer,
         "reason": letter.reason,
         "error.type": type(letter.error).__name__,
-        "error.message": _truncate(str(letter.error)),
+        "error.message": str(letter.error),
         "attempts": str(letter.attempts),
         "time": when,
     }
+    encoded = {
+        name: _truncate_bytes(_encode(value), _FIELD_LIMITS.get(name))
+        for name, value in extra.items()
+    }
     original = [(k, v) for k, v in r.headers if not k.startswith(PREFIX)]
-    return original + [(PREFIX + k, v.encode()) for k, v in extra.items()]
+    if max_bytes is not None:
+        encoded = _fit(letter, original, encoded, max_bytes)
+    return original + [(PREFIX + k, v) for k, v in encoded.items()]
 
 
-def send(publisher: Publisher, letter: Letter) -> None:
-    """Queue ``letter`` on ``publisher``; the caller flushes before its DB commit."""
+def _fit(
+    letter: Letter,
+    original: Sequence[tuple[str, bytes | None]],
+    encoded: dict[str, bytes],
+    max_bytes: int,
+) -> dict[str, bytes]:
+    """Shrink ``encoded`` until the whole record fits ``max_bytes`` (see :func:`headers`)."""
+    r = letter.record
+    base = RECORD_OVERHEAD_BYTES + len(r.key or b"") + len(r.value or b"")
+    base += sum(len(k.encode("utf-8", "backslashreplace")) + len(v or b"") for k, v in original)
+
+    def size() -> int:
+        return base + sum(len(PREFIX) + len(k) + len(v) for k, v in encoded.items())
+
+    # Cut the message first (it is the longest and least needed whole), then
+    # drop the optional headers, least needed first.
+    message = encoded.get("error.message", b"")
+    if size() > max_bytes and len(message) > _SHORT_MESSAGE:
+        keep = max(_SHORT_MESSAGE, len(message) - (size() - max_bytes))
+        encoded["error.message"] = _truncate_bytes(message, keep)
+    for name in ("time", "attempts", "error.type", "error.message"):
+        if size() <= max_bytes:
+            break
+        encoded.pop(name, None)
+    if size() > max_bytes:
+        raise TransportError(
+            f"{r.topic}[{r.partition}]@{r.offset} cannot be dead-lettered to "
+            f"{letter.target!r}: the record is {size()} bytes with kinbox's headers, the topic "
+            f"accepts at most {max_bytes}; raise {letter.target!r}'s max.message.bytes",
+            retriable=False,
+        )
+    return encoded
+
+
+def send(publisher: Publisher, letter: Letter, max_bytes: int | None = None) -> None:
+    """Queue ``letter`` on ``publisher``; the caller flushes before its DB commit.
+
+    Raises:
+        TransportError: the record cannot fit ``max_bytes`` (see :func:`headers`),
+            or the client refused it at once.
+    """
     r = letter.record
     log.error(
         "dead-lettering %s[%d]@%d to %r after %d attempt(s): %s",
         r.topic, r.partition, r.offset, letter.target, letter.attempts, letter.summary,
     )  # fmt: skip
-    publisher.send(letter.target, r.key, r.value, headers(letter))
+    publisher.send(letter.target, r.key, r.value, headers(letter, max_bytes=max_bytes))
 
 
 def header(record: Record, name: str) -> str | None:
@@ -165,6 +236,18 @@ def replay(
     if publisher is not None:
         publisher.flush()
     return report
+
+
+def _encode(text: str) -> bytes:
+    """UTF-8, with anything unencodable (a lone surrogate) escaped instead of failing."""
+    return text.encode("utf-8", "backslashreplace")
+
+
+def _truncate_bytes(raw: bytes, limit: int | None) -> bytes:
+    """``raw`` cut to at most ``limit`` bytes on a character boundary, marked with ``...``."""
+    if limit is None or len(raw) <= limit:
+        return raw
+    return raw[: limit - 3].decode("utf-8", "ignore").encode("utf-8") + b"..."
 
 
 def _truncate(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:

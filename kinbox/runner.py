@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from kinbox.app import App
 from kinbox.backoff import Backoff
@@ -46,6 +46,8 @@ class Runner:
         policy: what to do about failures; default :class:`RetryPolicy`.
         clock: monotonic seconds, replaceable in tests.
         publisher: where dead letters go (closed by :meth:`run`).
+        dead_letter_limits: record size limit per dead-letter topic (see
+            :func:`kinbox.kafka.admin.check_dead_letter_topics`).
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class Runner:
         policy: FailurePolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
         publisher: Publisher | None = None,
+        dead_letter_limits: Mapping[str, int] | None = None,
     ) -> None:
         if not app.routes:
             raise ConfigurationError(f"{app!r} has no handlers: decorate one with @handler")
@@ -74,6 +77,7 @@ class Runner:
             max_attempts=settings.max_attempts,
             missing_id=settings.missing_id,
             middleware=app.middleware,
+            dead_letter_limits=dead_letter_limits,
         )
         self._stopping = False
         self._broken = False

@@ -24,6 +24,7 @@ from kinbox.app import App, default_app
 from kinbox.config import Settings
 from kinbox.errors import ConfigurationError
 from kinbox.kafka import KafkaPublisher, KafkaTransport
+from kinbox.kafka.admin import check_dead_letter_topics
 from kinbox.runner import Runner
 from kinbox.store import PostgresInboxStore
 
@@ -91,7 +92,15 @@ def run(app: App, settings: Settings) -> None:
     )
     publisher: KafkaPublisher | None = None
     try:
-        publisher = KafkaPublisher(settings)
+        # Before the first record: a dead letter the broker can never take
+        # would hold its partition, so a missing or unwritable dead-letter
+        # topic is a configuration error now, not a stall later.
+        targets = {route.topic: route.dlq_topic for route in app.routes.values()}
+        limits = {
+            name: topic.max_bytes
+            for name, topic in check_dead_letter_topics(settings, targets).items()
+        }
+        publisher = KafkaPublisher(settings, max_record_bytes=max(limits.values(), default=None))
         store.open()
     except BaseException:
         store.close()
@@ -99,7 +108,7 @@ def run(app: App, settings: Settings) -> None:
             publisher.close()
         transport.close()
         raise
-    runner = Runner(app, settings, transport, store, publisher=publisher)
+    runner = Runner(app, settings, transport, store, publisher=publisher, dead_letter_limits=limits)
     _install_signals(runner, settings.shutdown_timeout)
     log.info("starting with %r", settings)
     runner.run()

@@ -6,6 +6,8 @@
 ``producer``       :class:`Publisher` and :class:`KafkaPublisher`: dead
                    letters and replays, acknowledged before they count
 ``reader``         :func:`read_topic`: a topic from its start, for replay
+``admin``          :func:`~kinbox.kafka.admin.check_dead_letter_topics`:
+                   dead-letter topics exist and take writes, before the start
 ``errors``         fatal errors, refused configuration, ``KafkaException`` →
                    :class:`~kinbox.errors.TransportError`
 =================  ==========================================================

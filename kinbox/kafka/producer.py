@@ -102,15 +102,26 @@ class KafkaPublisher:
     Args:
         settings: brokers and ``-X`` overrides.
         factory: creates the producer from its configuration (a seam for tests).
+        max_record_bytes: the largest record to be sent (the dead-letter
+            topics' limit); raises the client's own ``message.max.bytes``
+            (default 1,000,000, below a topic's default of 1,048,588) so the
+            client never refuses what the topic would take. ``-X`` wins.
 
     Raises:
         ConfigurationError: librdkafka refused the configuration (``-X``).
     """
 
     def __init__(
-        self, settings: Settings, factory: Callable[[dict[str, Any]], Producer] = Producer
+        self,
+        settings: Settings,
+        factory: Callable[[dict[str, Any]], Producer] = Producer,
+        *,
+        max_record_bytes: int | None = None,
     ) -> None:
         self._config = producer_config(settings)
+        if max_record_bytes is not None and "message.max.bytes" not in settings.kafka_overrides:
+            # librdkafka's bounds for the setting.
+            self._config["message.max.bytes"] = min(max(max_record_bytes, 1000), 1_000_000_000)
         self._factory = factory
         self._producer = self._create()
         # After the client accepted the configuration, so the value is a number.

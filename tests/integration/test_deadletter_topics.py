@@ -1,0 +1,198 @@
+"""Dead-letter topics are checked at start, and a dead letter always fits its topic.
+
+Real ``kinbox worker`` processes against the real broker: a missing dead-letter
+topic is created with room for its source's largest record; one that cannot be
+created, or may not be written, stops the worker at start with the
+configuration code; a poison record as large as its topic allows still ends in
+the dead-letter topic, with the ``kinbox.dlq.*`` headers cut to fit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ConfigResource,
+    ResourcePatternType,
+    ResourceType,
+)
+from confluent_kafka.cimpl import NewTopic
+
+from kinbox.devstack.kafka import KafkaBroker
+from kinbox.devstack.stack import Stack
+from kinbox.errors import ServiceError
+from kinbox.kafka.admin import HEADROOM_BYTES
+from tests.conftest import cannot_start
+from tests.support.records import committed, read_topic
+from tests.support.workers import WorkerFactory, prepare_schema, wait_for, workers
+
+EXIT_CONFIG = 2
+POISON_EVERY = 1000  # effect_app: an id ending in a multiple of this is poison
+
+
+def create_topic(bootstrap: str, partitions: int, **config: str) -> str:
+    name = f"dl-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)
+    admin.create_topics([topic])[name].result(timeout=30)
+    return name
+
+
+def topic_config(bootstrap: str, topic: str) -> tuple[int, int]:
+    """(partitions, max.message.bytes) of ``topic`` as the broker has them."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = len(admin.list_topics(topic, timeout=10).topics[topic].partitions)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    entries = admin.describe_configs([resource])[resource].result(timeout=10)
+    return partitions, int(entries["max.message.bytes"].value)
+
+
+def produce(bootstrap: str, topic: str, items: list[tuple[str, int, bytes]]) -> None:
+    """Send ``(event id, partition, value)`` records, all acknowledged."""
+    producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 200_000})
+    errors: list[Any] = []
+    for event_id, partition, value in items:
+        producer.produce(
+            topic,
+            value=value,
+            partition=partition,
+            headers=[("event-id", event_id.encode())],
+            on_delivery=lambda err, _msg: errors.append(err) if err else None,
+        )
+    assert producer.flush(30) == 0 and not errors, errors
+
+
+@pytest.fixture
+def factory(stack: Stack, tmp_path: Path) -> Iterator[WorkerFactory]:
+    schema = f"dl_{uuid.uuid4().hex[:10]}"
+    prepare_schema(stack.database_url, schema)
+    with workers(
+        stack.bootstrap_servers, stack.database_url, f"g-{schema}", schema, "unset", tmp_path
+    ) as made:
+        yield made
+
+
+def poison_run(factory: WorkerFactory, source: str, big: int) -> tuple[list[Any], str]:
+    """Two good events and a poison one of ``big`` bytes on partition 1; drain; the DLQ."""
+    group = factory.group
+    items = [(f"{group}-ev-1", 1, b"{}"), (f"{group}-ev-{POISON_EVERY}", 1, b"x" * big)]
+    items.append((f"{group}-ev-2", 1, b"{}"))
+    produce(factory.bootstrap, source, items)
+    factory.topic = source
+    worker = factory.start(
+        "w", env={"FAULT_POISON_EVERY": str(POISON_EVERY)}, args=["--max-attempts", "1"]
+    )
+    wait_for(
+        lambda: committed(factory.bootstrap, group, source, 2).get(1, 0) >= 3,
+        60,
+        "the poison event's partition to move past it",
+    )
+    assert worker.stop() == 0, worker.log_tail()
+    return read_topic(factory.bootstrap, f"{source}.dlq"), worker.log()
+
+
+def test_a_missing_dead_letter_topic_is_created_with_room_for_the_largest_source_record(
+    stack: Stack, factory: WorkerFactory
+) -> None:
+    # Given a source topic that takes records up to 60 kB and no dead-letter topic
+    source = create_topic(stack.bootstrap_servers, 2, **{"max.message.bytes": "60000"})
+    # When a worker starts and meets a poison event of 59 kB
+    letters, _ = poison_run(factory, source, 59_000)
+    # Then the dead-letter topic was created like its source, with headroom
+    assert topic_config(stack.bootstrap_servers, f"{source}.dlq") == (2, 60_000 + HEADROOM_BYTES)
+    # and the poison event is in it, whole, with every kinbox.dlq.* header
+    assert len(letters) == 1 and letters[0].value == b"x" * 59_000
+    assert letters[0].header("kinbox.dlq.reason") == "handler-error"
+    assert letters[0].header("kinbox.dlq.error.message"), letters[0].headers
+
+
+def test_headers_are_cut_to_fit_a_dead_letter_topic_that_is_barely_large_enough(
+    stack: Stack, factory: WorkerFactory
+) -> None:
+    # Given a dead-letter topic whose limit leaves room for the record and only
+    # about as much again as its essential headers take
+    source = create_topic(stack.bootstrap_servers, 2, **{"max.message.bytes": "60000"})
+    dlq = f"{source}.dlq"
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    topic = NewTopic(dlq, 2, 1, config={"max.message.bytes": str(40_000 + 480)})
+    admin.create_topics([topic])[dlq].result(timeout=30)
+    # When a poison event of 40 kB is dead-lettered
+    letters, log = poison_run(factory, source, 40_000)
+    # Then the worker warned at start that larger records could not be dead-lettered
+    assert "a larger record cannot be dead-lettered" in log
+    # and the record went to the dead-letter topic with where-from and why only
+    assert len(letters) == 1 and letters[0].value == b"x" * 40_000
+    names = {k for k, _ in letters[0].headers}
+    assert {"kinbox.dlq.topic", "kinbox.dlq.offset", "kinbox.dlq.reason"} <= names
+    assert "kinbox.dlq.time" not in names, names
+
+
+# -- a broker of this module's own: a creation it refuses, a write it denies --
+
+
+@pytest.fixture(scope="module")
+def strict_broker() -> Iterator[KafkaBroker]:
+    """A broker that creates no topic with its defaults and enforces ACLs."""
+    broker = KafkaBroker(
+        settings={
+            # One node cannot hold 3 replicas: creating with the defaults fails.
+            "default.replication.factor": "3",
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found": "true",
+        }
+    )
+    try:
+        broker.start()
+    except ServiceError as exc:
+        cannot_start("a Kafka broker with an authorizer", exc)
+    yield broker
+    broker.close()
+
+
+def test_a_dead_letter_topic_that_cannot_be_created_stops_the_worker_at_start(
+    strict_broker: KafkaBroker, factory: WorkerFactory
+) -> None:
+    bootstrap = strict_broker.bootstrap_servers
+    factory.topic = create_topic(bootstrap, 1)
+    worker = factory.start("w", bootstrap=bootstrap)
+    assert worker.wait(90) == EXIT_CONFIG, worker.log_tail()
+    assert f"dead-letter topic '{factory.topic}.dlq'" in worker.log(), worker.log_tail()
+    assert "cannot be created" in worker.log(), worker.log_tail()
+
+
+@pytest.mark.parametrize("may_describe", [False, True], ids=["no-access", "describe-only"])
+def test_an_unwritable_dead_letter_topic_stops_the_worker_at_start(
+    strict_broker: KafkaBroker, factory: WorkerFactory, may_describe: bool
+) -> None:
+    bootstrap = strict_broker.bootstrap_servers
+    factory.topic = create_topic(bootstrap, 1)
+    dlq = f"{factory.topic}.dlq"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(dlq, 1, 1)])[dlq].result(timeout=30)
+    # Any ACL on the topic ends "allow everyone": only what is granted is allowed.
+    acls = [acl(dlq, AclOperation.WRITE, AclPermissionType.DENY)]
+    if may_describe:
+        acls.append(acl(dlq, AclOperation.DESCRIBE, AclPermissionType.ALLOW))
+    for future in admin.create_acls(acls).values():
+        future.result(timeout=30)
+    worker = factory.start("w", bootstrap=bootstrap)
+    assert worker.wait(90) == EXIT_CONFIG, worker.log_tail()
+    said = "not authorized to write to" if may_describe else "not authorized to use"
+    assert f"{said} dead-letter topic '{dlq}'" in worker.log(), worker.log_tail()
+
+
+def acl(topic: str, operation: Any, permission: Any) -> Any:
+    """An ACL binding for the anonymous user (this broker's only principal) on ``topic``."""
+    return AclBinding(
+        ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, "User:ANONYMOUS", "*",
+        operation, permission,
+    )  # fmt: skip
