@@ -31,6 +31,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from kinbox.describe import clean, describe, text, type_name
 from kinbox.envelope import Record
 from kinbox.kafka import Publisher
 
@@ -69,8 +70,12 @@ class Letter:
 
     @property
     def summary(self) -> str:
-        """Reason, error type and message in one line, for the log and ``processed_events``."""
-        return _truncate(f"{self.reason}: {type(self.error).__name__}: {self.error}")
+        """Reason, error type and message in one line, for the log and ``processed_events``.
+
+        Never raises, and always storable (:mod:`kinbox.describe`), whatever
+        the error's text holds.
+        """
+        return clean(f"{clean(self.reason)}: {describe(self.error)}", MAX_MESSAGE_BYTES)
 
 
 def headers(letter: Letter, now: dt.datetime | None = None) -> list[tuple[str, bytes | None]]:
@@ -82,9 +87,9 @@ def headers(letter: Letter, now: dt.datetime | None = None) -> list[tuple[str, b
         "partition": str(r.partition),
         "offset": str(r.offset),
         "consumer": letter.consumer,
-        "reason": letter.reason,
-        "error.type": type(letter.error).__name__,
-        "error.message": _truncate(str(letter.error)),
+        "reason": clean(letter.reason),
+        "error.type": type_name(letter.error),
+        "error.message": text(letter.error, MAX_MESSAGE_BYTES),
         "attempts": str(letter.attempts),
         "time": when,
     }
@@ -165,13 +170,6 @@ def replay(
     if publisher is not None:
         publisher.flush()
     return report
-
-
-def _truncate(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
-    raw = text.encode("utf-8")
-    if len(raw) <= limit:
-        return text
-    return raw[: limit - 3].decode("utf-8", "ignore") + "..."
 
 
 def is_replay(headers_: Sequence[tuple[str, bytes | None]]) -> bool:

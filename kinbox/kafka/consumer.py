@@ -26,6 +26,7 @@ from confluent_kafka import (
 )
 
 from kinbox.config import Settings
+from kinbox.describe import describe
 from kinbox.envelope import Record
 from kinbox.errors import TransportError
 from kinbox.kafka.errors import translate
@@ -203,17 +204,42 @@ class KafkaTransport:
 
 
 def to_record(msg: Message) -> Record:
-    """Copy a consumed ``Message`` into a plain :class:`~kinbox.envelope.Record`."""
+    """Copy a consumed ``Message`` into a plain :class:`~kinbox.envelope.Record`; never raises.
+
+    A record always becomes a ``Record``, whatever a producer wrote into it:
+    one that raised here would end the poll loop, and the restarted worker
+    would meet it again.
+    """
     ts_type, ts = msg.timestamp()
+    headers, headers_error = _headers(msg)
     return Record(
         topic=cast(str, msg.topic()),
         partition=cast(int, msg.partition()),
         offset=cast(int, msg.offset()),
         key=msg.key(),
         value=msg.value(),
-        headers=cast("list[tuple[str, bytes | None]]", msg.headers() or []),
+        headers=headers,
         timestamp=None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
+        headers_error=headers_error,
     )
+
+
+def _headers(msg: Message) -> tuple[list[tuple[str, bytes | None]], str | None]:
+    """The message's headers, or none and the reason they cannot be read.
+
+    Kafka allows any bytes in a header name; confluent-kafka decodes names as
+    UTF-8 and, for one that is not, ``headers()`` raises ``SystemError`` (from
+    a ``UnicodeDecodeError``) after caching a list that holds a missing item.
+    So it is called once, and on failure none of the headers are used: the
+    record then has no readable event id, and the ``missing_id`` policy
+    decides (dead-letter by default, with its key and value). Values, keys
+    and payloads are bytes and always readable; a NUL in a name cuts it there.
+    """
+    try:
+        return cast("list[tuple[str, bytes | None]]", msg.headers() or []), None
+    except Exception as exc:
+        cause = exc.__cause__ or exc.__context__ or exc
+        return [], f"{describe(cause, 200)} (a header name that is not UTF-8)"
 
 
 def _pairs(parts: list[TopicPartition]) -> list[Partition]:
