@@ -12,6 +12,7 @@ commit on revoke, including partitions whose batch was rolled back).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, cast
@@ -238,6 +239,11 @@ def _headers(msg: Message) -> tuple[list[tuple[str, bytes | None]], str | None]:
     try:
         return cast("list[tuple[str, bytes | None]]", msg.headers() or []), None
     except Exception as exc:
+        # The binding goes on decoding after the failure; with more than one
+        # bad name it can leave a second error set in the interpreter, which
+        # the next C call, however unrelated, would then raise as
+        # SystemError. Clear it here, where it belongs (seen with 2.16).
+        ctypes.pythonapi.PyErr_Clear()
         cause = exc.__cause__ or exc.__context__ or exc
         return [], f"{describe(cause, 200)} (a header name that is not UTF-8)"
 
