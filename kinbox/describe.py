@@ -11,7 +11,9 @@ every place kinbox turns an exception into text goes through this module.
 
 :func:`clean` escapes what cannot be stored (NUL as ``\x00``, a lone surrogate
 as ``\udcff``) and bounds the length in UTF-8 bytes; :func:`text` is
-``str()`` that cannot raise; :func:`describe` is ``"Type: message"``.
+``str()`` that cannot raise; :func:`describe` is ``"Type: message"``;
+:func:`storable` is what the inbox store writes into a database of a given
+encoding.
 """
 
 from __future__ import annotations
@@ -70,3 +72,17 @@ def describe(exc: BaseException, limit: int | None = MAX_BYTES) -> str:
     name = type_name(exc)
     message = text(exc, limit)
     return clean(f"{name}: {message}" if message else name, limit)
+
+
+def storable(value: str, server_encoding: str | None) -> str:
+    """``value`` as a text column of a database in ``server_encoding`` can always hold it.
+
+    NUL and lone surrogates are escaped (:func:`clean`); in a database whose
+    encoding is not UTF8 (``LATIN1``, ``SQL_ASCII``...) so is every non-ASCII
+    character, which that encoding may have no code for. ASCII is a subset of
+    every server encoding PostgreSQL supports.
+    """
+    cleaned = clean(value)
+    if server_encoding in ("UTF8", None) or cleaned.isascii():
+        return cleaned
+    return cleaned.encode("ascii", "backslashreplace").decode("ascii")

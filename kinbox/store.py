@@ -21,7 +21,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from kinbox import migrations
-from kinbox.describe import clean, describe
+from kinbox.describe import describe, storable
 from kinbox.errors import SchemaError, StoreError
 from kinbox.event import Event
 from kinbox.inbox_schema import INBOX
@@ -281,20 +281,6 @@ class _PostgresTransaction:
                 "transaction aborted (did it catch a database error and carry on?)",
                 transient=False,
             )
-
-
-def storable(text: str, server_encoding: str | None) -> str:
-    """``text`` as the ``processed_events.reason`` column can always hold it.
-
-    NUL and lone surrogates are escaped (:func:`kinbox.describe.clean`); in a
-    database whose encoding is not UTF8 (``LATIN1``, ``SQL_ASCII``...) so is
-    every non-ASCII character, which that encoding may have no code for.
-    ASCII is a subset of every server encoding PostgreSQL supports.
-    """
-    cleaned = clean(text)
-    if server_encoding in ("UTF8", None) or cleaned.isascii():
-        return cleaned
-    return cleaned.encode("ascii", "backslashreplace").decode("ascii")
 
 
 def apply_migrations(

@@ -228,24 +228,39 @@ def to_record(msg: Message) -> Record:
 def _headers(msg: Message) -> tuple[list[tuple[str, bytes | None]], str | None]:
     """The message's headers, or none and the reason they cannot be read.
 
-    Kafka allows any bytes in a header name; confluent-kafka decodes names as
-    UTF-8 and, for one that is not, ``headers()`` raises ``SystemError`` (from
-    a ``UnicodeDecodeError``) after caching a list that holds a missing item.
-    So it is called once, and on failure none of the headers are used: the
-    record then has no readable event id, and the ``missing_id`` policy
-    decides (dead-letter by default, with its key and value). Values, keys
-    and payloads are bytes and always readable; a NUL in a name cuts it there.
+    Kafka allows any bytes in a header name; confluent-kafka (2.16) decodes
+    names as UTF-8 and, for one that is not, goes on with the error set: the
+    list it returns (and caches) holds a missing item, and the error is either
+    raised at once as ``SystemError`` or, once the interpreter has specialised
+    the call site, left set until some later, unrelated C call raises it. So
+    the error is checked for, and drained, right here; on failure none of the
+    headers are used (the list must not be touched): the record then has no
+    readable event id and the ``missing_id`` policy decides (dead-letter by
+    default, with its key and value). Keys, values and header values are
+    bytes and always readable; a NUL in a name ends it there.
     """
     try:
-        return cast("list[tuple[str, bytes | None]]", msg.headers() or []), None
+        headers = msg.headers()
+        _raise_error_left_set()
     except Exception as exc:
-        # The binding goes on decoding after the failure; with more than one
-        # bad name it can leave a second error set in the interpreter, which
-        # the next C call, however unrelated, would then raise as
-        # SystemError. Clear it here, where it belongs (seen with 2.16).
-        ctypes.pythonapi.PyErr_Clear()
+        _drain_errors_left_set()
         cause = exc.__cause__ or exc.__context__ or exc
         return [], f"{describe(cause, 200)} (a header name that is not UTF-8)"
+    return cast("list[tuple[str, bytes | None]]", headers or []), None
+
+
+# Called through ctypes, a CPython API function raises the error set in the
+# interpreter, if any, as soon as it returns.
+_raise_error_left_set = ctypes.pythonapi.PyErr_Occurred
+
+
+def _drain_errors_left_set() -> None:
+    for _ in range(16):
+        try:
+            _raise_error_left_set()
+            return
+        except Exception:
+            continue
 
 
 def _pairs(parts: list[TopicPartition]) -> list[Partition]:
