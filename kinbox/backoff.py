@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+from kinbox.describe import describe, text
 from kinbox.errors import EnvelopeError
 from kinbox.kafka import Partition, Transport
 from kinbox.policy import Failure, FailurePolicy
@@ -66,7 +67,7 @@ class Backoff:
         where = f"{failure.topic}[{failure.partition}]@{failure.offset}"
         if failure.kind == "envelope":
             raise EnvelopeError(
-                f"missing_id=fail: {failure.error}; stopping the worker. Offsets are "
+                f"missing_id=fail: {text(failure.error)}; stopping the worker. Offsets are "
                 f"committed up to {where}, so a restart meets this record again: fix it, or "
                 "run with missing_id=dead-letter",
                 topic=failure.topic,
@@ -84,13 +85,12 @@ class Backoff:
         if failure.event is not None:
             where += f" (event {failure.event.id!r})"
         log.error(
-            "%s failure at %s, attempt %d: %s: %s; rolled back, retrying in %.2fs; "
+            "%s failure at %s, attempt %d: %s; rolled back, retrying in %.2fs; "
             "the offset is not committed past it",
             failure.kind,
             where,
             failure.attempt,
-            type(failure.error).__name__,
-            failure.error,
+            describe(failure.error),
             decision.delay,
             exc_info=failure.error if failure.kind == "handler" and failure.attempt == 1 else None,
         )

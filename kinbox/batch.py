@@ -10,9 +10,10 @@
                run the handler over the fresh events, in offset order
                    (optimistically, without savepoints: see :mod:`kinbox.dispatch`);
                    on a permanent failure the batch is redone with a
-                   savepoint per event, the failed one marked dead_lettered
-                   and queued for the dead-letter topic
-               flush the dead letters: every one acknowledged by the broker
+                   savepoint per event, the failed one dead-lettered
+               record the dead letters in processed_events (status, reason)
+               if there are any: run the deferred checks now (SET CONSTRAINTS
+                   ALL IMMEDIATE), then flush them: every one acknowledged by the broker
                failpoint before_db_commit
             ─► COMMIT ─► failpoint after_db_commit
             ─► after_dead_letter, after_batch hooks
@@ -24,9 +25,16 @@ handler, or any exception (``Retry`` included) on the event's
 back; the events before the failed one are then applied again in a new
 transaction and committed, and the partition stops at the failed event, so
 its next try is the first record of a batch and ``attempt`` counts exactly its
-tries. A database outage (also when seen inside a handler: see
-:func:`~kinbox.pgerrors.transient_cause`) or a dead letter the broker did not
-acknowledge rolls the whole batch back and never counts as a try.
+tries. A database error in a handler's statement is such a failure too,
+unless it is an outage (:mod:`kinbox.pgerrors`).
+
+Content the database refuses where no event is named — kinbox's claim of the
+batch's ids, COMMIT (a deferred constraint), the dead-letter bookkeeping — is
+pinned on its event by splitting the batch (:mod:`kinbox.narrow`): an id that
+cannot be stored goes to the ``missing_id`` policy, a refused COMMIT counts
+as a try of its event. So no record stalls its partition. Only an outage (a
+transient error: also when seen inside a handler) or a dead letter the broker
+did not acknowledge rolls the whole batch back without counting a try.
 
 Ambiguous commit: when the connection is lost during COMMIT, kinbox cannot
 know whether the transaction committed, and does not guess. The batch is
@@ -41,20 +49,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from kinbox import deadletter
 from kinbox.app import Route
 from kinbox.deadletter import Letter
-from kinbox.dispatch import Abandoned, Dispatcher, HandlerFailed, Verdict
+from kinbox.dispatch import Dispatcher
 from kinbox.envelope import Record, derived_event, to_event
 from kinbox.errors import EnvelopeError, StoreError, TransportError
 from kinbox.event import Event
 from kinbox.failpoints import failpoint
 from kinbox.kafka import Publisher
 from kinbox.middleware import Chain, Middleware
+from kinbox.narrow import Plan, Refused, Settlement, Tally
+from kinbox.outcome import BatchResult as BatchResult  # its old home: re-exported
 from kinbox.policy import Failure
-from kinbox.store import InboxStore
+from kinbox.store import InboxStore, InboxTransaction
 
 log = logging.getLogger(__name__)
 
@@ -70,28 +79,6 @@ class _NoPublisher:
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    """Outcome of one partition batch.
-
-    Attributes:
-        next_offset: the offset to commit to Kafka now (last settled + 1), or
-            ``None`` when no transaction committed.
-        failure: why the partition stopped before its end, if it did.
-        applied: events whose handler committed.
-        duplicates: deliveries the inbox suppressed.
-        dead_lettered: records sent to a dead-letter topic and recorded so.
-        letters: those dead letters.
-    """
-
-    next_offset: int | None
-    failure: Failure | None = None
-    applied: int = 0
-    duplicates: int = 0
-    dead_lettered: int = 0
-    letters: tuple[Letter, ...] = ()
 
 
 class BatchProcessor:
@@ -154,7 +141,7 @@ class BatchProcessor:
 
     def _process(self, records: Sequence[Record], attempt: int) -> BatchResult:
         events: list[Event] = []
-        invalid: dict[int, EnvelopeError] = {}
+        plan = Plan()
         stop: Failure | None = None
         for index, record in enumerate(records):
             tries = attempt if index == 0 else 1
@@ -171,10 +158,12 @@ class BatchProcessor:
                 # redelivery finds it and does not send a second dead letter.
                 events.append(derived_event(record, tries))
                 if self._missing_id == "dead-letter":
-                    invalid[record.offset] = exc
+                    plan.invalid[record.offset] = exc
         if not events:
             return BatchResult(None, stop)
-        result = self._settle({r.offset: r for r in records}, events, invalid, attempt)
+        by_offset = {r.offset: r for r in records}
+        settlement = Settlement(by_offset, events, plan, self._missing_id, self._limit)
+        result = settlement.run(lambda part, plan: self._apply(by_offset, part, plan))
         if stop is not None and result.failure is None:
             result = BatchResult(
                 result.next_offset, stop, result.applied, result.duplicates,
@@ -182,80 +171,87 @@ class BatchProcessor:
             )  # fmt: skip
         return result
 
-    def _settle(
-        self,
-        records: Mapping[int, Record],
-        events: list[Event],
-        invalid: Mapping[int, EnvelopeError],
-        attempt: int,
-    ) -> BatchResult:
-        """Commit as long a prefix of ``events`` as can be; say where it stopped."""
-        todo = events
-        stopped: Failure | None = None
-        # Permanent failures met so far: once there is one, every pass is careful.
-        verdicts: dict[int, Verdict] = {}
-        while True:
-            try:
-                applied, duplicates, letters = self._apply(
-                    records, todo, invalid, attempt, verdicts
-                )
-            except Abandoned as exc:
-                verdicts[exc.event.offset] = exc.verdict
-                continue
-            except HandlerFailed as exc:
-                event = exc.event
-                stopped = Failure(
-                    event.topic, event.partition, event.offset, event.attempt, exc.cause,
-                    event=event,
-                )  # fmt: skip
-                index = next(i for i, e in enumerate(todo) if e.offset == event.offset)
-                if index == 0:
-                    return BatchResult(None, stopped)
-                # The rolled-back try of the events before it is not a failure
-                # of theirs: apply them again so the partition moves up to it.
-                todo = todo[:index]
-                continue
-            except (StoreError, TransportError) as exc:
-                first = todo[0]
-                failure = Failure(first.topic, first.partition, first.offset, attempt, exc)
-                return BatchResult(None, failure)
-            return BatchResult(
-                todo[-1].offset + 1, stopped, applied, duplicates, len(letters), tuple(letters)
-            )
+    def _limit(self, event: Event) -> int:
+        return self._dispatcher.limit(self._routes[event.topic])
 
-    def _apply(
-        self,
-        records: Mapping[int, Record],
-        events: list[Event],
-        invalid: Mapping[int, EnvelopeError],
-        attempt: int,
-        verdicts: Mapping[int, Verdict],
-    ) -> tuple[int, int, list[Letter]]:
-        """One transaction: claim, handlers, dead letters, COMMIT; returns the counts."""
+    def _apply(self, records: Mapping[int, Record], events: list[Event], plan: Plan) -> Tally:
+        """One transaction over ``events``: claim, handlers, dead letters, COMMIT.
+
+        Raises:
+            Refused: PostgreSQL refused the claim, COMMIT or a dead letter's
+                bookkeeping, not transiently.
+            HandlerFailed, Abandoned: see :meth:`Dispatcher.run`.
+            StoreError, TransportError: the database or the broker failed;
+                the batch must wait.
+        """
         route = self._routes[events[0].topic]
         letters: list[Letter] = []
-        with self._store.transaction() as tx:
-            reclaim = {e.id for e in events if deadletter.is_replay(e.headers)}
-            fresh = tx.claim(events, reclaim)
-            runnable = []
-            for event in fresh:
-                if event.offset in invalid:
-                    error = invalid[event.offset]
-                    letters.append(
-                        self._dispatcher.letter(route, records, event, deadletter.INVALID_ID, error)
-                    )
-                    tx.dead_letter(event, letters[-1].summary)
-                else:
-                    runnable.append(event)
-            letters += self._dispatcher.run(tx, route, records, runnable, attempt, verdicts)
-            if letters:
-                # The dead letters must be acknowledged before COMMIT records
-                # them as dead-lettered (and so before the offset can move):
-                # if the broker never gets them, the batch rolls back instead.
-                letters.sort(key=lambda item: item.record.offset)
-                for letter in letters:
-                    deadletter.send(self._publisher, letter, self._limits.get(letter.target))
-                self._publisher.flush()
-            failpoint("before_db_commit")
+        ready = False  # the body ran to its end: a StoreError now is COMMIT's
+        try:
+            with self._store.transaction() as tx:
+                fresh = self._claim(tx, events)
+                runnable = []
+                for event in fresh:
+                    error = plan.invalid.get(event.offset)
+                    if error is None:
+                        runnable.append(event)
+                    else:
+                        letters.append(
+                            self._dispatcher.letter(
+                                route, records, event, deadletter.INVALID_ID, error
+                            )
+                        )
+                letters += self._dispatcher.run(tx, route, records, runnable, plan.verdicts)
+                if letters:
+                    letters.sort(key=lambda item: item.record.offset)
+                    self._record(tx, fresh, letters, plan)
+                    # The dead letters must be acknowledged before COMMIT records
+                    # them as dead-lettered (and so before the offset can move):
+                    # if the broker never gets them, the batch rolls back instead.
+                    # The deferred checks COMMIT would run are run first, so a
+                    # refused COMMIT is found before the broker has them.
+                    self._check_deferred(tx)
+                    for letter in letters:
+                        deadletter.send(self._publisher, letter, self._limits.get(letter.target))
+                    self._publisher.flush()
+                failpoint("before_db_commit")
+                ready = True
+        except StoreError as exc:
+            if ready and not exc.transient:
+                raise Refused("commit", exc) from exc
+            raise
         failpoint("after_db_commit")
-        return len(fresh) - len(letters), len(events) - len(fresh), letters
+        return Tally(len(fresh) - len(letters), len(events) - len(fresh), letters)
+
+    def _claim(self, tx: InboxTransaction, events: list[Event]) -> list[Event]:
+        reclaim = {e.id for e in events if deadletter.is_replay(e.headers)}
+        try:
+            return tx.claim(events, reclaim)
+        except StoreError as exc:
+            if exc.transient:
+                raise
+            raise Refused("claim", exc) from exc
+
+    def _record(
+        self, tx: InboxTransaction, fresh: list[Event], letters: list[Letter], plan: Plan
+    ) -> None:
+        """Mark the dead letters' rows ``dead_lettered``, with the reason (or its bare code)."""
+        by_offset = {e.offset: e for e in fresh}
+        for letter in letters:
+            event = by_offset[letter.record.offset]
+            bare = event.offset in plan.bare
+            reason = letter.reason.partition(":")[0] if bare else letter.summary
+            try:
+                tx.dead_letter(event, reason)
+            except StoreError as exc:
+                if exc.transient:
+                    raise
+                raise Refused("record", exc, event) from exc
+
+    def _check_deferred(self, tx: InboxTransaction) -> None:
+        try:
+            tx.check_deferred()
+        except StoreError as exc:
+            if exc.transient:
+                raise
+            raise Refused("commit", exc) from exc

@@ -31,6 +31,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from kinbox.describe import clean, describe, text, type_name
 from kinbox.envelope import Record
 from kinbox.errors import TransportError
 from kinbox.kafka import Publisher
@@ -70,8 +71,12 @@ class Letter:
 
     @property
     def summary(self) -> str:
-        """Reason, error type and message in one line, for the log and ``processed_events``."""
-        return _truncate(f"{self.reason}: {type(self.error).__name__}: {self.error}")
+        """Reason, error type and message in one line, for the log and ``processed_events``.
+
+        Never raises, and always storable (:mod:`kinbox.describe`), whatever
+        the error's text holds.
+        """
+        return clean(f"{clean(self.reason)}: {describe(self.error)}", MAX_MESSAGE_BYTES)
 
 
 RECORD_OVERHEAD_BYTES = 256
@@ -108,9 +113,9 @@ def headers(
         "partition": str(r.partition),
         "offset": str(r.offset),
         "consumer": letter.consumer,
-        "reason": letter.reason,
-        "error.type": type(letter.error).__name__,
-        "error.message": str(letter.error),
+        "reason": clean(letter.reason),
+        "error.type": type_name(letter.error),
+        "error.message": text(letter.error, MAX_MESSAGE_BYTES),
         "attempts": str(letter.attempts),
         "time": when,
     }
@@ -248,13 +253,6 @@ def _truncate_bytes(raw: bytes, limit: int | None) -> bytes:
     if limit is None or len(raw) <= limit:
         return raw
     return raw[: limit - 3].decode("utf-8", "ignore").encode("utf-8") + b"..."
-
-
-def _truncate(text: str, limit: int = MAX_MESSAGE_BYTES) -> str:
-    raw = text.encode("utf-8")
-    if len(raw) <= limit:
-        return text
-    return raw[: limit - 3].decode("utf-8", "ignore") + "..."
 
 
 def is_replay(headers_: Sequence[tuple[str, bytes | None]]) -> bool:

@@ -21,9 +21,21 @@ went with the rollback, so the effect still commits once; work outside the
 database (an HTTP call) is not rolled back and must be idempotent, as for
 any retry.
 
+A handler's failure is judged by what it raised, wherever it came from: a
+database error in its own statements (a value too long for its column, an
+index row over the btree limit) is a failure of the event like any other
+exception, unless it is an outage (:mod:`kinbox.pgerrors` has the one
+classification). A :class:`Verdict` may also come from outside the handler:
+an event whose COMMIT PostgreSQL refused on its last try (see
+:mod:`kinbox.narrow`) is dead-lettered here without its handler running.
+
 Batch handlers (``batch=True``) run under one savepoint per batch; on the
 last try the handler cannot say which event is the poison, so it is handed
 the events one at a time and those that still fail are dead-lettered.
+
+Dead letters are returned, not recorded: the caller writes them into
+``processed_events`` (:mod:`kinbox.batch`). Exceptions are turned into text
+only through :mod:`kinbox.describe`, so a broken ``__str__`` cannot escape.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ from dataclasses import dataclass
 from kinbox import deadletter
 from kinbox.app import Route
 from kinbox.deadletter import Letter
+from kinbox.describe import describe, text
 from kinbox.envelope import Record
 from kinbox.errors import DeadLetter, Retry
 from kinbox.event import Event
@@ -45,14 +58,14 @@ class HandlerFailed(Exception):
     """A handler failed, not for the last time: carries it out of the transaction."""
 
     def __init__(self, event: Event, cause: BaseException) -> None:
-        super().__init__(str(cause))
+        super().__init__(describe(cause))
         self.event = event
         self.cause = cause
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """A permanent failure seen in an abandoned pass: why, and what was raised."""
+    """A permanent failure seen in an earlier pass: why, and what was raised."""
 
     reason: str
     error: BaseException
@@ -85,19 +98,18 @@ class Dispatcher:
         route: Route,
         records: Mapping[int, Record],
         events: list[Event],
-        attempt: int,
         verdicts: Mapping[int, Verdict],
     ) -> list[Letter]:
-        """Run ``route``'s handler over ``events`` in ``tx``; return the dead letters to send.
+        """Run ``route``'s handler over ``events`` in ``tx``; return the dead letters to record.
 
         Args:
             tx: the open inbox transaction.
             route: the topic's handler.
             records: the batch's records by offset, for dead letters.
             events: the fresh events to run, in offset order.
-            attempt: the try of the batch's first record.
-            verdicts: permanent failures by offset, from abandoned passes;
-                none means an optimistic pass, any means a careful one.
+            verdicts: permanent failures by offset, from earlier passes: those
+                events are dead-lettered without their handler running. None
+                means an optimistic pass, any means a careful one.
 
         Raises:
             HandlerFailed: a handler failed and the event will be tried again.
@@ -105,13 +117,20 @@ class Dispatcher:
             StoreError: the database went away (also when seen by a handler).
         """
         letters: list[Letter] = []
+        runnable: list[Event] = []
+        for event in events:
+            verdict = verdicts.get(event.offset)
+            if verdict is None:
+                runnable.append(event)
+            else:
+                letters.append(self.letter(route, records, event, verdict.reason, verdict.error))
         if route.batch:
-            self._run_batch(tx, route, records, events, attempt, letters)
+            self._run_batch(tx, route, records, runnable, letters)
         elif verdicts:
-            for event in events:
-                self._run_careful(tx, route, records, event, verdicts, letters)
+            for event in runnable:
+                self._run_careful(tx, route, records, event, letters)
         else:
-            for event in events:
+            for event in runnable:
                 self._run_optimistic(tx, route, event)
         return letters
 
@@ -145,22 +164,17 @@ class Dispatcher:
         route: Route,
         records: Mapping[int, Record],
         event: Event,
-        verdicts: Mapping[int, Verdict],
         letters: list[Letter],
     ) -> None:
-        verdict = verdicts.get(event.offset)
-        if verdict is None:
-            try:
-                with tx.savepoint():
-                    route.fn(event, tx.connection)
-                return
-            except Exception as exc:
-                reason = self._permanent(route, exc, event.attempt)
-                if reason is None:
-                    raise HandlerFailed(event, exc) from exc
-                verdict = Verdict(reason, exc)
-        letters.append(self.letter(route, records, event, verdict.reason, verdict.error))
-        tx.dead_letter(event, letters[-1].summary)
+        try:
+            with tx.savepoint():
+                route.fn(event, tx.connection)
+            return
+        except Exception as exc:
+            reason = self._permanent(route, exc, event.attempt)
+            if reason is None:
+                raise HandlerFailed(event, exc) from exc
+            letters.append(self.letter(route, records, event, reason, exc))
 
     def _run_batch(
         self,
@@ -168,11 +182,13 @@ class Dispatcher:
         route: Route,
         records: Mapping[int, Record],
         events: list[Event],
-        attempt: int,
         letters: list[Letter],
     ) -> None:
         if not events:
             return
+        # Only the first event can be on a later try: a failure stops the
+        # partition there, so the next batch starts with it.
+        attempt = events[0].attempt
         try:
             with tx.savepoint():
                 route.fn(events, tx.connection)
@@ -187,12 +203,12 @@ class Dispatcher:
                 with tx.savepoint():
                     route.fn([event], tx.connection)
             except Exception as exc:
-                reason = self._permanent(route, exc, max(attempt, self._limit(route)))
+                reason = self._permanent(route, exc, max(attempt, self.limit(route)))
                 assert reason is not None
                 letters.append(self.letter(route, records, event, reason, exc))
-                tx.dead_letter(event, letters[-1].summary)
 
-    def _limit(self, route: Route) -> int:
+    def limit(self, route: Route) -> int:
+        """Tries before an event of ``route`` is dead-lettered."""
         return route.max_attempts or self._max_attempts
 
     def _permanent(self, route: Route, exc: Exception, attempt: int) -> str | None:
@@ -202,10 +218,10 @@ class Dispatcher:
             StoreError: ``exc`` comes from a database outage (re-raised as such).
         """
         if isinstance(exc, DeadLetter):
-            return f"{deadletter.REQUESTED}: {exc.reason}"
+            return f"{deadletter.REQUESTED}: {text(exc.reason, 500)}"
         outage = transient_cause(exc)
         if outage is not None:
             raise outage from exc
-        if attempt < self._limit(route):
+        if attempt < self.limit(route):
             return None
         return deadletter.RETRIES_EXHAUSTED if isinstance(exc, Retry) else deadletter.HANDLER_ERROR

@@ -5,6 +5,14 @@ then CloudEvents' ``ce_id``, then Debezium's ``id`` by default). A record
 whose id is missing or malformed raises :class:`~kinbox.errors.EnvelopeError`
 carrying topic/partition/offset; the runner hands it to the failure policy,
 so bad input never crashes the loop and is never skipped silently.
+
+Malformed means: empty, not UTF-8, over :data:`MAX_ID_BYTES`, repeated with
+different values, or holding U+0000 (NUL), which PostgreSQL ``text`` cannot
+store. That check is cheap and catches the common case; an id the database
+refuses for another reason (a server encoding without a code for one of its
+characters) is found when its claim fails and handled the same way (see
+:mod:`kinbox.narrow`). A record whose headers the Kafka client could not
+read at all (a header *name* that is not UTF-8) has no id either.
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kinbox.errors import EnvelopeError
+from kinbox.describe import text
+from kinbox.errors import EnvelopeError, StoreError
 from kinbox.event import Event
 
 MAX_ID_BYTES = 255
@@ -30,6 +39,8 @@ class Record:
     value: bytes | None
     headers: Sequence[tuple[str, bytes | None]] = ()
     timestamp: int | None = None
+    headers_error: str | None = None
+    """Why the headers could not be read (then ``headers`` is empty), if they could not."""
 
 
 def event_id(record: Record, id_headers: Sequence[str]) -> str:
@@ -39,9 +50,11 @@ def event_id(record: Record, id_headers: Sequence[str]) -> str:
     values it is ambiguous, and the record is rejected rather than guessed at.
 
     Raises:
-        EnvelopeError: no id header, or the id is empty, not UTF-8, too long
-            or ambiguous.
+        EnvelopeError: no id header, or the id is empty, not UTF-8, too long,
+            holds NUL or is ambiguous; or the headers could not be read.
     """
+    if record.headers_error is not None:
+        raise _error(record, f"the record's headers cannot be read: {record.headers_error}")
     for name in id_headers:
         values = [value for key, value in record.headers if key == name]
         if not values:
@@ -54,9 +67,14 @@ def event_id(record: Record, id_headers: Sequence[str]) -> str:
         if len(raw) > MAX_ID_BYTES:
             raise _error(record, f"header {name!r} is {len(raw)} bytes, at most {MAX_ID_BYTES}")
         try:
-            return raw.decode("utf-8")
+            decoded = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise _error(record, f"header {name!r} is not UTF-8: {raw[:40]!r}") from None
+        if "\x00" in decoded:
+            raise _error(
+                record, f"header {name!r} holds NUL, which PostgreSQL cannot store: {raw[:40]!r}"
+            )
+        return decoded
     raise _error(record, f"no event id header (looked for {', '.join(id_headers)})")
 
 
@@ -91,6 +109,11 @@ def derived_id(record: Record) -> str:
 def derived_event(record: Record, attempt: int = 1) -> Event:
     """The :class:`Event` for ``record`` with its :func:`derived_id`."""
     return _event(record, derived_id(record), attempt)
+
+
+def unstorable_id(record: Record, event_id: str, error: StoreError) -> EnvelopeError:
+    """The :class:`EnvelopeError` for an id the database refused to store (``error``)."""
+    return _error(record, f"event id {event_id[:60]!r} cannot be stored: {text(error, 300)}")
 
 
 def _error(record: Record, reason: str) -> EnvelopeError:

@@ -2,9 +2,10 @@
 
 Permanent failures never get here: the batch processor dead-letters them
 inside the batch's transaction (see :mod:`kinbox.batch`). What reaches the
-runner is a failure to retry — a handler's non-final failure, a database
-outage, a dead letter the broker did not acknowledge — or, under
-``missing_id=fail``, a bad record that stops the worker. The runner describes
+runner is a failure to retry — a handler's non-final failure (or a COMMIT
+refused because of its event, see :mod:`kinbox.narrow`), a database outage, a
+dead letter the broker did not acknowledge — or, under ``missing_id=fail``, a
+bad record that stops the worker. The runner describes
 the :class:`Failure` and asks a :class:`FailurePolicy` for the delay;
 :class:`RetryPolicy` backs off exponentially with jitter (tenacity's wait).
 """

@@ -4,7 +4,10 @@
 in the unit tests); :class:`PostgresInboxStore` is the real one, on a
 ``psycopg_pool`` pool. Every psycopg error leaving this module is translated
 (:mod:`kinbox.pgerrors`) to :class:`~kinbox.errors.StoreError` with
-``transient`` set when trying again may succeed.
+``transient`` set when trying again may succeed. What kinbox writes here
+that comes from a record or an exception (a reason) is made storable first:
+NUL and lone surrogates escaped (:func:`kinbox.describe.clean`), and every
+non-ASCII character escaped when the database's encoding is not UTF8.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from kinbox import migrations
+from kinbox.describe import describe, storable
 from kinbox.errors import SchemaError, StoreError
 from kinbox.event import Event
 from kinbox.inbox_schema import INBOX
@@ -40,13 +44,33 @@ class InboxTransaction(Protocol):
         re-published by ``kinbox dlq replay``) is also fresh when its row is
         ``dead_lettered``: the row becomes ``applied`` again. The order of
         ``events`` is kept.
+
+        Raises:
+            StoreError: ``transient`` unless PostgreSQL (or psycopg) refused
+                something in the statement, such as an id it cannot store.
         """
 
     def dead_letter(self, event: Event, reason: str) -> None:
-        """Set the claimed row of ``event`` to ``dead_lettered`` with ``reason``."""
+        """Set the claimed row of ``event`` to ``dead_lettered`` with ``reason``.
+
+        ``reason`` may hold any text; the store escapes what the database
+        cannot hold.
+        """
+
+    def check_deferred(self) -> None:
+        """Run now the checks COMMIT would run: deferred constraints and triggers.
+
+        Raises:
+            StoreError: as COMMIT would (judged as a handler's statement).
+        """
 
     def savepoint(self) -> AbstractContextManager[None]:
-        """A nested transaction: an exception inside rolls back only its work."""
+        """A nested transaction: an exception inside rolls back only its work.
+
+        Database errors inside (the handler's) are translated to
+        :class:`~kinbox.errors.StoreError`, transient only for an outage
+        (:func:`kinbox.pgerrors.transient` with ``own=False``).
+        """
 
     def unguarded(self) -> AbstractContextManager[None]:
         """Handler code without a savepoint: cheaper, but a failure spoils the transaction.
@@ -68,6 +92,8 @@ class InboxStore(Protocol):
 
         Raises:
             StoreError: from the database (``transient`` says whether to retry).
+                An error of COMMIT itself (a deferred constraint, a constraint
+                trigger) is judged as a handler's statement would be.
         """
 
     def close(self) -> None:
@@ -165,7 +191,10 @@ class PostgresInboxStore:
             with self._pool.connection() as conn, conn.transaction():
                 yield _PostgresTransaction(conn, self._consumer, self)
         except psycopg.Error as exc:
-            raise translate(exc) from exc
+            # What gets here untranslated comes from taking a connection,
+            # BEGIN, COMMIT or ROLLBACK: COMMIT runs the handlers' deferred
+            # checks, so it is judged as their statements are.
+            raise translate(exc, own=False) from exc
 
     def close(self) -> None:
         """Close the pool."""
@@ -206,13 +235,28 @@ class _PostgresTransaction:
             rows = self._conn.execute(statement, params).fetchall()
         except psycopg.Error as exc:
             raise translate(exc) from exc
+        except ValueError as exc:
+            # psycopg encodes parameters before sending: an id the client
+            # encoding has no code for fails here, as a UnicodeEncodeError.
+            raise StoreError(describe(exc), transient=False) from exc
         return {row[0] for row in rows}
 
     def dead_letter(self, event: Event, reason: str) -> None:
+        text = storable(reason, self._conn.info.parameter_status("server_encoding"))
         try:
-            self._conn.execute(self._store._dead_letter, (reason, self._consumer, event.id))
+            self._conn.execute(self._store._dead_letter, (text, self._consumer, event.id))
         except psycopg.Error as exc:
             raise translate(exc) from exc
+        except ValueError as exc:
+            raise StoreError(describe(exc), transient=False) from exc
+
+    def check_deferred(self) -> None:
+        # Retroactive: checks every deferrable constraint (and constraint
+        # trigger) queued so far, and keeps later statements immediate.
+        try:
+            self._conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        except psycopg.Error as exc:
+            raise translate(exc, own=False) from exc
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -220,14 +264,14 @@ class _PostgresTransaction:
             with self._conn.transaction():
                 yield
         except psycopg.Error as exc:
-            raise translate(exc) from exc
+            raise translate(exc, own=False) from exc
 
     @contextmanager
     def unguarded(self) -> Iterator[None]:
         try:
             yield
         except psycopg.Error as exc:
-            raise translate(exc) from exc
+            raise translate(exc, own=False) from exc
         # libpq tracks the status locally: no round trip. A savepoint's
         # RELEASE would fail here; without one, the next handler's first
         # statement would, and take the blame.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from opentelemetry import context, metrics, trace
 from opentelemetry.context import Context
 
+from kinbox.describe import describe
 from kinbox.middleware import Middleware
 
 if TYPE_CHECKING:
@@ -80,5 +81,5 @@ class Telemetry(Middleware):
         span, token = opened
         context.detach(token)
         if result.failure is not None:
-            span.set_status(trace.Status(trace.StatusCode.ERROR, str(result.failure.error)))
+            span.set_status(trace.Status(trace.StatusCode.ERROR, describe(result.failure.error)))
         span.end()

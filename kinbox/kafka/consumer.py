@@ -12,6 +12,7 @@ commit on revoke, including partitions whose batch was rolled back).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, cast
@@ -25,6 +26,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from kinbox import describe as text
 from kinbox.config import Settings
 from kinbox.envelope import Record
 from kinbox.errors import FatalTransportError
@@ -215,17 +217,62 @@ class KafkaTransport:
 
 
 def to_record(msg: Message) -> Record:
-    """Copy a consumed ``Message`` into a plain :class:`~kinbox.envelope.Record`."""
+    """Copy a consumed ``Message`` into a plain :class:`~kinbox.envelope.Record`; never raises.
+
+    A record always becomes a ``Record``, whatever a producer wrote into it:
+    one that raised here would end the poll loop, and the restarted worker
+    would meet it again.
+    """
     ts_type, ts = msg.timestamp()
+    headers, headers_error = _headers(msg)
     return Record(
         topic=cast(str, msg.topic()),
         partition=cast(int, msg.partition()),
         offset=cast(int, msg.offset()),
         key=msg.key(),
         value=msg.value(),
-        headers=cast("list[tuple[str, bytes | None]]", msg.headers() or []),
+        headers=headers,
         timestamp=None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
+        headers_error=headers_error,
     )
+
+
+def _headers(msg: Message) -> tuple[list[tuple[str, bytes | None]], str | None]:
+    """The message's headers, or none and the reason they cannot be read.
+
+    Kafka allows any bytes in a header name; confluent-kafka (2.16) decodes
+    names as UTF-8 and, for one that is not, goes on with the error set: the
+    list it returns (and caches) holds a missing item, and the error is either
+    raised at once as ``SystemError`` or, once the interpreter has specialised
+    the call site, left set until some later, unrelated C call raises it. So
+    the error is checked for, and drained, right here; on failure none of the
+    headers are used (the list must not be touched): the record then has no
+    readable event id and the ``missing_id`` policy decides (dead-letter by
+    default, with its key and value). Keys, values and header values are
+    bytes and always readable; a NUL in a name ends it there.
+    """
+    try:
+        headers = msg.headers()
+        _raise_error_left_set()
+    except Exception as exc:
+        _drain_errors_left_set()
+        cause = exc.__cause__ or exc.__context__ or exc
+        return [], f"{text.describe(cause, 200)} (a header name that is not UTF-8)"
+    return cast("list[tuple[str, bytes | None]]", headers or []), None
+
+
+# Called through ctypes, a CPython API function raises the error set in the
+# interpreter, if any, as soon as it returns.
+_raise_error_left_set = ctypes.pythonapi.PyErr_Occurred
+
+
+def _drain_errors_left_set() -> None:
+    for _ in range(16):
+        try:
+            _raise_error_left_set()
+            return
+        except Exception:
+            continue
 
 
 def _pairs(parts: list[TopicPartition]) -> list[Partition]:

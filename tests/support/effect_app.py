@@ -23,6 +23,14 @@ Behaviour, by environment variable:
     ``FAULT_SLOW_SECONDS``), so a test can release it exactly when its fault is
     in place. A held call writes ``w <partition> <offset> <id> begin|end <time>``
     lines (``time.monotonic()``: one clock for every process on the machine).
+``FAULT_VALUES``
+    the name of a table in ``KINBOX_SCHEMA`` (the scenario creates it, see
+    :data:`VALUES_DDL`) into which the handler also writes the payload's
+    ``short``, ``n``, ``note``, ``big`` and ``key`` fields, so PostgreSQL
+    refuses some payloads: a ``short`` over ``varchar(8)``, an ``n`` over
+    ``integer``, a ``note`` with NUL, a ``big`` over the btree index row
+    limit (in the handler's statement), or a ``key`` an earlier event holds
+    (``UNIQUE DEFERRABLE INITIALLY DEFERRED``: refused only at COMMIT).
 ``FAULT_LOG_DIR``
     where this process appends its *delivery log*, ``deliveries-<pid>.log``:
     one ``d <partition> <offset> <id>`` line per record kinbox hands to the
@@ -60,6 +68,13 @@ SLOW_IDS = frozenset(filter(None, os.environ.get("FAULT_SLOW_IDS", "").split(","
 SLOW_SECONDS = float(os.environ.get("FAULT_SLOW_SECONDS", "0"))
 GATE = os.environ.get("FAULT_GATE", "")
 LOG_DIR = os.environ.get("FAULT_LOG_DIR", "")
+VALUES = os.environ.get("FAULT_VALUES", "")
+
+VALUES_DDL = (
+    "CREATE TABLE {0}.{1} (event_id text, short varchar(8), n integer, note text, big text,"
+    " key text UNIQUE DEFERRABLE INITIALLY DEFERRED); CREATE INDEX ON {0}.{1} (big)"
+)
+"""The ``FAULT_VALUES`` table, formatted with the schema and table identifiers."""
 
 
 class TransientHandlerError(RuntimeError):
@@ -113,11 +128,14 @@ app.add_middleware(DeliveryLog())
 _insert = sql.SQL(
     'INSERT INTO {}.{} (event_id, topic, partition, "offset", pid) VALUES (%s, %s, %s, %s, %s)'
 ).format(sql.Identifier(SCHEMA), sql.Identifier(TABLE))
+_values = sql.SQL("INSERT INTO {}.{} VALUES (%s, %s, %s, %s, %s, %s)").format(
+    sql.Identifier(SCHEMA), sql.Identifier(VALUES or "-")
+)
 
 
 @app.handler(TOPIC)
 def apply_effect(event: Event, tx: Any) -> None:
-    """Insert one effect row; optionally sleep, hold, fail the first attempts, or always fail."""
+    """Insert one effect row; optionally sleep, hold, fail, always fail, or write payload values."""
     _log(f"h {event.partition} {event.offset} {''.join(event.id.split()) or '-'} {event.attempt}")
     if SLEEP:
         time.sleep(SLEEP)
@@ -127,6 +145,10 @@ def apply_effect(event: Event, tx: Any) -> None:
         raise PoisonError(f"injected poison: {event.id} can never be applied")
     if FAIL_TIMES and event.attempt <= FAIL_TIMES and _every(event.id, FAIL_EVERY):
         raise TransientHandlerError(f"injected failure, attempt {event.attempt} of {event.id}")
+    if VALUES:
+        body = event.json()
+        fields = [body.get(name) for name in ("short", "n", "note", "big", "key")]
+        tx.execute(_values, (event.id, *fields))
     tx.execute(_insert, (event.id, event.topic, event.partition, event.offset, os.getpid()))
 
 

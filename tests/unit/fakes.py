@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+
+import psycopg
 
 from kinbox.envelope import Record
 from kinbox.errors import StoreError, TransportError
 from kinbox.event import Event
 from kinbox.kafka import Partition, RebalanceListener
+from kinbox.pgerrors import translate
 from kinbox.store import first_occurrences
 
 
@@ -21,14 +24,19 @@ class FakeConn:
 
 
 class _FakeTx:
-    def __init__(self, store: FakeStore) -> None:
+    def __init__(self, store: FakeStore, mark: int) -> None:
         self._store = store
+        self._mark = mark  # the effects before it are earlier transactions'
         self.connection = FakeConn(store.effects)
 
     def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
+        self._store.claims.append([e.id for e in events])
         if self._store.fail_claims:
             self._store.fail_claims -= 1
             raise StoreError("OperationalError: server closed the connection", transient=True)
+        refused = [e.id for e in events if self._store.refuse_id(e.id)]
+        if refused:
+            raise StoreError(f"DataError: cannot store event id {refused[0]!r}", transient=False)
         fresh = []
         for event in first_occurrences(events):
             taken_over = event.id in reclaim and self._store.status.get(event.id) == "dead_lettered"
@@ -40,8 +48,13 @@ class _FakeTx:
 
     def dead_letter(self, event: Event, reason: str) -> None:
         assert event.id in self._store.claimed
+        if not storable(reason) or self._store.refuse_reason(reason):
+            raise StoreError(f"DataError: cannot store reason {reason[:40]!r}", transient=False)
         self._store.status[event.id] = "dead_lettered"
         self._store.reasons[event.id] = reason
+
+    def check_deferred(self) -> None:
+        self._store.check_deferred(self._mark)
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -49,6 +62,9 @@ class _FakeTx:
         mark = len(self._store.effects)
         try:
             yield
+        except psycopg.Error as exc:
+            del self._store.effects[mark:]
+            raise translate(exc, own=False) from exc
         except BaseException:
             del self._store.effects[mark:]
             raise
@@ -56,11 +72,29 @@ class _FakeTx:
     @contextmanager
     def unguarded(self) -> Iterator[None]:
         # Nothing to undo here: a failure rolls the whole transaction back.
-        yield
+        try:
+            yield
+        except psycopg.Error as exc:
+            raise translate(exc, own=False) from exc
+
+
+def storable(text: str) -> bool:
+    """What a UTF8 PostgreSQL through psycopg accepts in a text column: no NUL, no surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
 
 
 class FakeStore:
-    """Transactions snapshot the claimed ids and effects and restore them on error."""
+    """Transactions snapshot the claimed ids and effects and restore them on error.
+
+    Like PostgreSQL, it can refuse content, non-transiently: an id in the
+    claim (``refuse_id``), a dead letter's reason (NUL or a lone surrogate,
+    always; ``refuse_reason``), or COMMIT and the deferred checks, given the
+    effects the transaction wrote (``refuse_commit``: a deferred constraint).
+    """
 
     def __init__(self) -> None:
         self.claimed: dict[str, Event] = {}
@@ -73,12 +107,26 @@ class FakeStore:
         # Ambiguous commits: the transaction commits, then the "connection" is lost.
         self.lose_after_commit = 0
         self.closed = False
+        self.refuse_id: Callable[[str], bool] = lambda _id: False
+        self.refuse_reason: Callable[[str], bool] = lambda _reason: False
+        self.refuse_commit: Callable[[list[Any]], bool] = lambda _effects: False
+        self.claims: list[list[str]] = []
+        """The ids of every claim, in order (refused ones included)."""
+        self.refused_commits = 0
+        self.transactions = 0
+
+    def check_deferred(self, mark: int) -> None:
+        if self.refuse_commit(self.effects[mark:]):
+            self.refused_commits += 1
+            raise StoreError("UniqueViolation: duplicate key (deferred)", transient=False)
 
     @contextmanager
     def transaction(self) -> Iterator[_FakeTx]:
+        self.transactions += 1
         saved = dict(self.claimed), dict(self.status), dict(self.reasons), len(self.effects)
         try:
-            yield _FakeTx(self)
+            yield _FakeTx(self, saved[3])
+            self.check_deferred(saved[3])
         except BaseException:
             self.claimed, self.status, self.reasons = saved[0], saved[1], saved[2]
             del self.effects[saved[3] :]

@@ -40,6 +40,7 @@ def test_event_carries_record_fields() -> None:
         ((("event-id", b"\xff\xfe"),), "not UTF-8"),
         ((("event-id", b"x" * (MAX_ID_BYTES + 1)),), "at most 255"),
         ((("event-id", b"a"), ("event-id", b"b")), "different values"),
+        ((("event-id", b"a\x00b"),), "holds NUL, which PostgreSQL cannot store"),
     ],
 )
 def test_bad_ids_raise_envelope_error_with_location(
@@ -60,6 +61,13 @@ def test_tombstone_value_is_empty_bytes() -> None:
     assert event.value == b""
 
 
-@given(st.text(min_size=1).filter(lambda s: len(s.encode()) <= MAX_ID_BYTES))
+# Valid: 1-255 bytes of UTF-8 without NUL (PostgreSQL text cannot hold NUL).
+@given(st.text(min_size=1).filter(lambda s: len(s.encode()) <= MAX_ID_BYTES and "\x00" not in s))
 def test_any_valid_id_round_trips(value: str) -> None:
     assert event_id(rec(("event-id", value.encode())), ORDER) == value
+
+
+def test_unreadable_headers_mean_no_id() -> None:
+    record = Record("t", 2, 41, b"k", b"v", [], 123, headers_error="UnicodeDecodeError: ...")
+    with pytest.raises(EnvelopeError, match="headers cannot be read: UnicodeDecodeError"):
+        event_id(record, ORDER)

@@ -101,6 +101,9 @@ class _NoClaim:
     def dead_letter(self, event: Event, reason: str) -> None:
         """Nothing is recorded: without an inbox there is nowhere to say so."""
 
+    def check_deferred(self) -> None:
+        self._inner.check_deferred()
+
     def savepoint(self) -> AbstractContextManager[None]:
         return self._inner.savepoint()
 

@@ -1,0 +1,255 @@
+"""Pinning a refusal on the event that caused it, so no record stalls its partition.
+
+A partition batch is applied in one transaction (:mod:`kinbox.batch`). A
+handler's failure names its event (:mod:`kinbox.dispatch`); three refusals
+name none, because one statement or one COMMIT covers many events:
+
+``claim``
+    kinbox's one INSERT of every id of the batch, refused non-transiently:
+    an id the database cannot store, one that :mod:`kinbox.envelope` let
+    through (say, a character the server encoding has no code for);
+``commit``
+    COMMIT refused non-transiently: a deferred constraint or a constraint
+    trigger failed on some handler's effect. (When a transaction has dead
+    letters to send, the deferred checks run just before they are sent, so a
+    refusal is found before the broker has them.)
+``record``
+    the dead-letter bookkeeping of a known event, refused.
+
+Such a refusal is *narrowed down*: the failed part is split and its first
+half applied alone; what commits stays committed and the rest is tried next,
+until the refusal is pinned on one event — the first whose inclusion makes
+the transaction fail. That event then fails as it would in a handler, the
+events before it are committed, and those after it carry on:
+
+- its **claim** refused: its id cannot be stored. It is a malformed id, for
+  the ``missing_id`` policy: dead-lettered under ``topic/partition/offset``
+  (the default), applied under that id (``derive``), or the worker stops
+  (``fail``).
+- its **COMMIT** refused: a try of the event, counted like a handler
+  failure; the partition stops there and tries it again after a backoff. On
+  its last try it is dead-lettered with the reason, without its handler
+  running again.
+- its **bookkeeping** refused: recorded again with the bare reason code.
+
+If even that is refused — the derived id, the bare code, or the COMMIT of
+an event whose handler did not run — nothing of the event is left to blame:
+the database is at fault, and the partition waits as for an outage. A
+transient error anywhere also rolls back and waits, as before; narrowing
+only ever acts on refusals. Every step either commits events or halves the
+part being tried, so finding one culprit costs about 2·log2(batch size)
+extra transactions, and only when something was refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kinbox import deadletter
+from kinbox.deadletter import Letter
+from kinbox.dispatch import Abandoned, HandlerFailed, Verdict
+from kinbox.envelope import Record, derived_event, derived_id, unstorable_id
+from kinbox.errors import EnvelopeError, StoreError, TransportError
+from kinbox.event import Event
+from kinbox.outcome import BatchResult
+from kinbox.policy import Failure
+
+log = logging.getLogger(__name__)
+
+Where = Literal["claim", "commit", "record"]
+
+
+class Refused(Exception):
+    """PostgreSQL refused, non-transiently, something no single event is named for."""
+
+    def __init__(self, where: Where, error: StoreError, event: Event | None = None) -> None:
+        super().__init__(f"{where} refused: {error}")
+        self.where: Where = where
+        self.error = error
+        self.event = event
+        """The event, when the refusal names one (``record``)."""
+
+
+@dataclass
+class Plan:
+    """What the passes over one batch have learned so far; every pass follows it."""
+
+    invalid: dict[int, EnvelopeError] = field(default_factory=dict)
+    """Records without a usable id, by offset: dead-lettered under their derived id."""
+    verdicts: dict[int, Verdict] = field(default_factory=dict)
+    """Events given up, by offset: dead-lettered without their handler running."""
+    bare: set[int] = field(default_factory=set)
+    """Offsets whose dead-letter reason is recorded as the bare reason code."""
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What one committed transaction did."""
+
+    applied: int
+    duplicates: int
+    letters: list[Letter]
+
+
+Apply = Callable[[list[Event], Plan], Tally]
+"""Applies some consecutive events of the batch in one transaction, following the plan.
+
+Raises :class:`Refused`, :class:`~kinbox.dispatch.HandlerFailed`,
+:class:`~kinbox.dispatch.Abandoned`, or :class:`~kinbox.errors.StoreError` /
+:class:`~kinbox.errors.TransportError` for what must wait.
+"""
+
+
+class Settlement:
+    """Applies one batch's events through ``apply`` until each is settled or one must wait.
+
+    Args:
+        records: the batch's records by offset.
+        events: its events, in offset order (one per record up to where it stops).
+        plan: what is known before the first pass (records without a valid id).
+        missing_id: ``dead-letter``, ``derive`` or ``fail``.
+        limit: the tries an event gets before it is dead-lettered.
+    """
+
+    def __init__(
+        self,
+        records: Mapping[int, Record],
+        events: list[Event],
+        plan: Plan,
+        missing_id: str,
+        limit: Callable[[Event], int],
+    ) -> None:
+        self._records = records
+        self._events = list(events)
+        self._plan = plan
+        self._missing_id = missing_id
+        self._limit = limit
+        self._start = 0  # events before it are committed
+        self._bound = len(events)  # the batch stops here (a failure to retry)
+        self._stopped: Failure | None = None
+        self._applied = self._duplicates = 0
+        self._letters: list[Letter] = []
+
+    def run(self, apply: Apply) -> BatchResult:
+        """Settle the events; never raises for what an event contains.
+
+        Raises:
+            Exception: what ``apply`` raised that is none of the above
+                (a bug, or a middleware's exception).
+        """
+        end = self._bound
+        suspect = 0  # while narrowing: the end of the smallest part known to be refused
+        while self._start < self._bound:
+            part = self._events[self._start : end]
+            try:
+                tally = apply(part, self._plan)
+            except Abandoned as exc:
+                self._plan.verdicts[exc.event.offset] = exc.verdict
+                continue
+            except HandlerFailed as exc:
+                failed = exc.event
+                self._stopped = Failure(
+                    failed.topic, failed.partition, failed.offset, failed.attempt, exc.cause,
+                    event=failed,
+                )  # fmt: skip
+                # The rolled-back try of the events before it is not a failure
+                # of theirs: apply them again so the partition moves up to it.
+                end = self._bound = self._index(failed)
+                suspect = 0
+                continue
+            except Refused as exc:
+                if exc.event is None and len(part) > 1:
+                    log.warning(
+                        "%s of %s[%d]@%d..%d refused (%s): narrowing it down",
+                        exc.where, part[0].topic, part[0].partition, part[0].offset,
+                        part[-1].offset, exc.error,
+                    )  # fmt: skip
+                    suspect, end = self._start + len(part), self._start + len(part) // 2
+                    continue
+                outcome = self._pinned(exc, exc.event or part[0])
+                if outcome is None:
+                    continue
+                self._stopped = self._wait(part, exc.error) if outcome == "wait" else outcome
+                break
+            except (StoreError, TransportError) as exc:
+                self._stopped = self._wait(part, exc)
+                break
+            self._applied += tally.applied
+            self._duplicates += tally.duplicates
+            self._letters += tally.letters
+            # Committed: next, the rest of the refused part (the refusal is
+            # there), or, once it is settled, everything left.
+            self._start = end
+            if self._start >= suspect:
+                suspect = 0
+            end = suspect or self._bound
+        return self._result()
+
+    def _pinned(self, exc: Refused, event: Event) -> Failure | Literal["wait"] | None:
+        """Deal with the one event ``exc`` is pinned on.
+
+        Returns:
+            ``None`` to try again (the plan now says what to do with the
+            event), a failure to stop at, or ``"wait"`` when it is not the
+            event's fault.
+        """
+        plan, record = self._plan, self._records[event.offset]
+        if exc.where == "record":
+            if event.offset not in plan.bare:
+                plan.bare.add(event.offset)
+                return None
+        elif exc.where == "claim":
+            if event.offset not in plan.invalid and event.id != derived_id(record):
+                return self._unstorable(event, record, exc.error)
+        elif event.offset not in plan.verdicts and event.offset not in plan.invalid:
+            if event.attempt < self._limit(event):
+                return Failure(
+                    event.topic, event.partition, event.offset, event.attempt, exc.error,
+                    event=event,
+                )  # fmt: skip
+            log.error(
+                "COMMIT of %s[%d]@%d (event %r) refused on its last try (%d): dead-lettering it",
+                event.topic, event.partition, event.offset, event.id, event.attempt,
+            )  # fmt: skip
+            plan.verdicts[event.offset] = Verdict(deadletter.HANDLER_ERROR, exc.error)
+            return None
+        # The derived id, the bare reason code, or an event whose handler did
+        # not run: nothing of the event is left to blame. Wait, as for an outage.
+        log.error(
+            "%s of %s[%d]@%d refused with nothing of the event left to blame: "
+            "the database is at fault, the partition waits",
+            exc.where, event.topic, event.partition, event.offset,
+        )  # fmt: skip
+        return "wait"
+
+    def _wait(self, part: list[Event], error: BaseException) -> Failure:
+        """The partition waits at ``part``'s first event (an outage: no try counted)."""
+        first = part[0]
+        return Failure(first.topic, first.partition, first.offset, first.attempt, error)
+
+    def _unstorable(self, event: Event, record: Record, error: StoreError) -> Failure | None:
+        """``event``'s id cannot be stored: a malformed id, for the ``missing_id`` policy."""
+        envelope = unstorable_id(record, event.id, error)
+        if self._missing_id == "fail":
+            return Failure(
+                record.topic, record.partition, record.offset, event.attempt, envelope,
+                record=record,
+            )  # fmt: skip
+        log.warning("%s; keyed on its position instead (missing_id=%s)", envelope, self._missing_id)
+        self._events[self._start] = derived_event(record, event.attempt)
+        if self._missing_id == "dead-letter":
+            self._plan.invalid[event.offset] = envelope
+        return None
+
+    def _index(self, event: Event) -> int:
+        return next(i for i, e in enumerate(self._events) if e.offset == event.offset)
+
+    def _result(self) -> BatchResult:
+        done = self._events[self._start - 1].offset + 1 if self._start else None
+        return BatchResult(
+            done, self._stopped, self._applied, self._duplicates, len(self._letters),
+            tuple(self._letters),
+        )  # fmt: skip
