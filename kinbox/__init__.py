@@ -12,9 +12,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kinbox.app import App, Route, default_app, handler
+    from kinbox.app import App, default_app, handler
+    from kinbox.apply.route import Route
     from kinbox.config import Settings
-    from kinbox.envelope import Record
+    from kinbox.consume.envelope import Record
     from kinbox.errors import (
         ConfigurationError,
         DeadLetter,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
         TransportError,
     )
     from kinbox.event import Event
-    from kinbox.middleware import Middleware
+    from kinbox.middleware.base import Middleware
 
 __all__ = [
     "App",
@@ -62,11 +63,11 @@ _SOURCES = {
     "Event": "kinbox.event",
     "FatalTransportError": "kinbox.errors",
     "KinboxError": "kinbox.errors",
-    "Middleware": "kinbox.middleware",
+    "Middleware": "kinbox.middleware.base",
     "PayloadError": "kinbox.errors",
-    "Record": "kinbox.envelope",
+    "Record": "kinbox.consume.envelope",
     "Retry": "kinbox.errors",
-    "Route": "kinbox.app",
+    "Route": "kinbox.apply.route",
     "SchemaError": "kinbox.errors",
     "ServiceError": "kinbox.errors",
     "Settings": "kinbox.config",

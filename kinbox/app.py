@@ -10,52 +10,27 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from kinbox.apply.route import Route
 from kinbox.config import Settings
 from kinbox.errors import ConfigurationError
-from kinbox.event import Event
-from kinbox.middleware import Middleware
+from kinbox.middleware.base import Middleware
 from kinbox.names import topic_name
-from kinbox.telemetry import Telemetry
-
-EventHandler = Callable[[Event, Any], object]
-"""``handler(event, tx)``: ``tx`` is the psycopg ``Connection``, inside the inbox transaction."""
-BatchHandler = Callable[[list[Event], Any], object]
-"""``handler(events, tx)``: the fresh events of one partition batch, in offset order."""
 
 F = TypeVar("F", bound=Callable[..., object])
 
 _SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))
 
 
-@dataclass(frozen=True)
-class Route:
-    """One registration: which function handles a topic, and in which form."""
-
-    topic: str
-    fn: Callable[..., object]
-    batch: bool
-    max_attempts: int | None = None
-    """Tries before a failing event is dead-lettered; ``None``: the ``max_attempts`` setting."""
-    dead_letter_topic: str | None = None
-    """Where this topic's dead letters go; ``None``: ``<topic>.dlq``."""
-
-    @property
-    def dlq_topic(self) -> str:
-        """The dead-letter topic of this route."""
-        return self.dead_letter_topic or f"{self.topic}.dlq"
-
-    @property
-    def name(self) -> str:
-        """The handler's qualified name, for logs."""
-        module = getattr(self.fn, "__module__", "?")
-        return f"{module}.{getattr(self.fn, '__qualname__', repr(self.fn))}"
-
-
 def default_middleware() -> list[Middleware]:
-    """The middleware an :class:`App` gets unless told otherwise: telemetry."""
+    """The middleware an :class:`App` gets unless told otherwise: telemetry.
+
+    Imported here, when the worker starts, not when a handler is registered:
+    a module of handlers loads no OpenTelemetry.
+    """
+    from kinbox.middleware.telemetry import Telemetry
+
     return [Telemetry()]
 
 
@@ -66,7 +41,7 @@ class App:
         group_id: the Kafka consumer group, which is also the inbox's dedup
             scope: two apps with different group ids each apply an event once.
         middleware: the layers around every partition batch, in order (see
-            :mod:`kinbox.middleware`); ``None`` means :func:`default_middleware`.
+            :mod:`kinbox.middleware.base`); ``None`` means :func:`default_middleware`.
             A list replaces the defaults; :meth:`add_middleware` appends.
         **settings: any other :class:`~kinbox.config.Settings` field
             (``schema``, ``id_headers``, ``batch_max_messages``, ...); flags
@@ -74,7 +49,7 @@ class App:
 
     Raises:
         ConfigurationError: an unknown setting name, or middleware that is
-            not a :class:`~kinbox.middleware.Middleware`.
+            not a :class:`~kinbox.middleware.base.Middleware`.
     """
 
     def __init__(
@@ -93,26 +68,34 @@ class App:
             settings["group_id"] = group_id
         self._defaults = settings
         self._routes: dict[str, Route] = {}
-        self._middleware: list[Middleware] = []
-        for layer in default_middleware() if middleware is None else middleware:
+        # None until first asked for: the defaults are made then (see middleware).
+        self._resolved: list[Middleware] | None = None if middleware is None else []
+        self._added: list[Middleware] = []
+        for layer in middleware or ():
             self.add_middleware(layer)
 
     @property
     def middleware(self) -> tuple[Middleware, ...]:
-        """The middleware, in the order their ``before_*`` hooks run."""
-        return tuple(self._middleware)
+        """The middleware, in the order their ``before_*`` hooks run.
+
+        Without ``middleware=`` the defaults (:func:`default_middleware`) come
+        first; they are made on first access, which is when the worker starts.
+        """
+        if self._resolved is None:
+            self._resolved = default_middleware()
+        return (*self._resolved, *self._added)
 
     def add_middleware(self, middleware: Middleware) -> None:
         """Append ``middleware``: its ``before_*`` hooks run last, its ``after_*`` first.
 
         Raises:
-            ConfigurationError: ``middleware`` is not a :class:`~kinbox.middleware.Middleware`.
+            ConfigurationError: ``middleware`` is not a :class:`~kinbox.middleware.base.Middleware`.
         """
         if not isinstance(middleware, Middleware):
             raise ConfigurationError(
                 f"{middleware!r} is not a kinbox Middleware (subclass kinbox.Middleware)"
             )
-        self._middleware.append(middleware)
+        self._added.append(middleware)
 
     @property
     def routes(self) -> Mapping[str, Route]:

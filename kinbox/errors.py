@@ -19,7 +19,7 @@
         └── DeadLetter(reason)                         a handler gives the event up
 
 Library exceptions are translated at the seam where they enter
-(:mod:`kinbox.store` for psycopg, :mod:`kinbox.kafka` for confluent-kafka) to
+(:mod:`kinbox.store.postgres` for psycopg, :mod:`kinbox.kafka` for confluent-kafka) to
 the most specific class here, with ``raise ... from exc`` so the cause stays
 visible. This module imports nothing of kinbox, so ``producer_outbox`` can use
 it without loading the consumer.

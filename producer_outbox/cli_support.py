@@ -18,8 +18,8 @@ import click
 import psycopg
 
 from kinbox.errors import ConfigurationError, SchemaError
-from kinbox.migrations import check
 from kinbox.names import sql_identifier
+from kinbox.store.migrations import check
 from producer_outbox.schema import OUTBOX
 
 RET_ERROR = 1

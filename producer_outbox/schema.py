@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from kinbox.migrations import Component
+from kinbox.store.migrations import Component
 
 
 def _create_table(schema: sql.Identifier) -> Sequence[sql.Composed | sql.SQL]:

@@ -24,7 +24,7 @@ from kinbox.bench.contenders import CONTENDERS, Contender
 from kinbox.bench.scenarios import BY_NAME as SCENARIO_NAMES
 from kinbox.bench.scenarios import SCENARIOS, Scenario
 from kinbox.bench.spec import Sizes, Target
-from kinbox.cli_support import EXIT_CONFIG, die, parse_kafka_overrides
+from kinbox.cli.support import EXIT_CONFIG, die, parse_kafka_overrides
 from kinbox.errors import ConfigurationError, KinboxError
 
 EXIT_FAILED = 1

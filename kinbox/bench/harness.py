@@ -112,8 +112,8 @@ class Harness:
 
     def run(self) -> Outcome:
         """Run the plan; the caller removes the namespace afterwards (see :meth:`cleanup`)."""
-        from kinbox.inbox_schema import INBOX
-        from kinbox.store import apply_migrations
+        from kinbox.store.postgres import apply_migrations
+        from kinbox.store.schema import INBOX
         from producer_outbox.schema import OUTBOX
 
         apply_migrations(self.target.database_url, self.namespace.schema(), [INBOX, OUTBOX])
@@ -266,8 +266,8 @@ class Harness:
                         self.namespace.group(scenario.name, name, str(rep)))  # fmt: skip
 
     def _preload(self) -> None:
-        from kinbox.inbox_schema import INBOX
-        from kinbox.store import apply_migrations
+        from kinbox.store.postgres import apply_migrations
+        from kinbox.store.schema import INBOX
 
         schema = self.namespace.schema("large")
         apply_migrations(self.target.database_url, self.namespace.schema(EMPTY), [INBOX])

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from kinbox.errors import ServiceError
-from kinbox.lifeline import die_with_parent
+from kinbox.ops.lifeline import die_with_parent
 
 
 def free_port() -> int:

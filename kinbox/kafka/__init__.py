@@ -20,8 +20,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kinbox.kafka.consumer import KafkaTransport, Partition, RebalanceListener, Transport
-    from kinbox.kafka.producer import KafkaPublisher, Publisher
+    from kinbox.kafka.base import Partition, Publisher, RebalanceListener, Transport
+    from kinbox.kafka.consumer import KafkaTransport
+    from kinbox.kafka.producer import KafkaPublisher
     from kinbox.kafka.reader import read_topic
 
 __all__ = [
@@ -37,10 +38,10 @@ __all__ = [
 _SOURCES = {
     "KafkaPublisher": "kinbox.kafka.producer",
     "KafkaTransport": "kinbox.kafka.consumer",
-    "Partition": "kinbox.kafka.consumer",
-    "Publisher": "kinbox.kafka.producer",
-    "RebalanceListener": "kinbox.kafka.consumer",
-    "Transport": "kinbox.kafka.consumer",
+    "Partition": "kinbox.kafka.base",
+    "Publisher": "kinbox.kafka.base",
+    "RebalanceListener": "kinbox.kafka.base",
+    "Transport": "kinbox.kafka.base",
     "read_topic": "kinbox.kafka.reader",
 }
 

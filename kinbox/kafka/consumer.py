@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
@@ -28,57 +28,12 @@ from confluent_kafka import (
 
 from kinbox import describe as text
 from kinbox.config import Settings
-from kinbox.envelope import Record
+from kinbox.consume.envelope import Record
 from kinbox.errors import FatalTransportError
+from kinbox.kafka.base import Partition, RebalanceListener
 from kinbox.kafka.errors import broken, create_client, describe, is_fatal, translate
 
 log = logging.getLogger(__name__)
-
-Partition = tuple[str, int]
-"""A (topic, partition) pair."""
-
-
-class RebalanceListener(Protocol):
-    """Told about assignment changes, from inside :meth:`Transport.poll`."""
-
-    def on_assigned(self, partitions: list[Partition]) -> None:
-        """Partitions were added to this member."""
-
-    def on_revoked(self, partitions: list[Partition]) -> None:
-        """Partitions are about to go: the last chance to commit their offsets."""
-
-    def on_lost(self, partitions: list[Partition]) -> None:
-        """Partitions were taken away already: commit nothing for them."""
-
-
-class Transport(Protocol):
-    """What the runner needs from Kafka."""
-
-    def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
-        """Join the group for ``topics``; ``listener`` hears about rebalances."""
-
-    def poll(self, max_messages: int, timeout: float) -> list[Record]:
-        """Return up to ``max_messages`` records, waiting at most ``timeout`` seconds."""
-
-    def commit(self, offsets: Mapping[Partition, int]) -> None:
-        """Commit ``offsets`` (next offset to read) synchronously.
-
-        Raises:
-            TransportError: ``retriable`` is false when the broker rejected the
-                commit because the group moved on.
-        """
-
-    def pause(self, partitions: Sequence[Partition]) -> None:
-        """Stop fetching ``partitions`` (the member stays in the group)."""
-
-    def resume(self, partitions: Sequence[Partition]) -> None:
-        """Fetch ``partitions`` again."""
-
-    def seek(self, partition: Partition, offset: int) -> None:
-        """Read ``partition`` from ``offset`` next."""
-
-    def close(self) -> None:
-        """Leave the group (revoke callbacks run) and release the client."""
 
 
 def consumer_config(settings: Settings) -> dict[str, Any]:
@@ -217,7 +172,7 @@ class KafkaTransport:
 
 
 def to_record(msg: Message) -> Record:
-    """Copy a consumed ``Message`` into a plain :class:`~kinbox.envelope.Record`; never raises.
+    """Copy a consumed ``Message`` into a plain :class:`Record`; never raises.
 
     A record always becomes a ``Record``, whatever a producer wrote into it:
     one that raised here would end the poll loop, and the restarted worker

@@ -36,7 +36,7 @@ and the underlying reason reaches kinbox without one — in the text of the
 consumer's error event, and in the exception a producer's poll or flush
 raises. (A commit refused by a fatal consumer carries only ``_FATAL``; the
 runner then polls once more to read the event: see
-:meth:`kinbox.runner.Runner.run`.)
+:meth:`kinbox.consume.runner.Runner.run`.)
 
 This module imports nothing of kinbox but the error tree, so
 ``producer_outbox`` uses it without loading the consumer.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -18,34 +18,6 @@ from kinbox.errors import TransportError
 from kinbox.kafka.errors import broken, create_client, describe, is_fatal, translate
 
 log = logging.getLogger(__name__)
-
-
-class Publisher(Protocol):
-    """Produces records and says when the broker has acknowledged all of them."""
-
-    def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Sequence[tuple[str, bytes | None]],
-    ) -> None:
-        """Queue one record (asynchronous; :meth:`flush` waits for it).
-
-        Raises:
-            TransportError: the client refused it at once (too large, unknown topic...).
-        """
-
-    def flush(self) -> None:
-        """Wait until every queued record is acknowledged.
-
-        Raises:
-            TransportError: a record failed or was not acknowledged in time;
-                the caller must treat none of them as delivered.
-        """
-
-    def close(self) -> None:
-        """Flush what is left (best effort) and release the client."""
 
 
 def producer_config(settings: Settings) -> dict[str, Any]:

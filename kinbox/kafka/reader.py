@@ -9,7 +9,7 @@ from typing import cast
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kinbox.config import Settings
-from kinbox.envelope import Record
+from kinbox.consume.envelope import Record
 from kinbox.errors import TransportError
 from kinbox.kafka.consumer import consumer_config, to_record
 from kinbox.kafka.errors import create_client, translate

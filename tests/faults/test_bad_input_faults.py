@@ -18,7 +18,7 @@ from tests.support.records import Headers, committed, dead_letter_id, read_topic
 from tests.support.workers import read_deliveries
 
 EXIT_BAD_INPUT = 6
-"""``kinbox worker``'s exit status after ``missing_id=fail`` stopped it (kinbox.cli)."""
+"""``kinbox worker``'s exit status after ``missing_id=fail`` stopped it (kinbox.cli.main)."""
 
 # Each kind of malformed id, and what kinbox's dead letter must say about it.
 MALFORMED: dict[str, tuple[Headers, str]] = {

@@ -18,7 +18,7 @@ from collections import Counter
 
 from click.testing import CliRunner
 
-from kinbox.cli import main
+from kinbox.cli.main import main
 from kinbox.devstack.stack import Stack
 from tests.faults.conftest import Faults, Run
 from tests.support.invariants import effect_counts, processed

@@ -10,7 +10,7 @@ new member re-reads and the inbox suppresses what was already applied).
 
 from __future__ import annotations
 
-from kinbox.cli_support import EXIT_FATAL
+from kinbox.cli.support import EXIT_FATAL
 from kinbox.devstack.stack import Stack
 from tests.faults.conftest import Faults
 

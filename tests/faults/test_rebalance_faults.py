@@ -1,7 +1,7 @@
 """Scenarios 7-8: a batch still in flight when the group changes, or longer than max.poll.interval.
 
 While a batch runs, kinbox pauses its partitions and keeps polling (the hold
-path, see :mod:`kinbox.runner`). These scenarios hold a handler on purpose
+path, see :mod:`kinbox.consume.runner`). These scenarios hold a handler on purpose
 (``FAULT_SLOW_IDS`` in :mod:`tests.support.effect_app`) and check that the
 member neither becomes a zombie nor loses or repeats an effect, and that each
 partition's effects keep offset order across the hand-over.

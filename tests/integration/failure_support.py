@@ -10,10 +10,10 @@ from psycopg import sql
 
 from kinbox.app import App
 from kinbox.config import Settings
-from kinbox.envelope import Record
+from kinbox.consume.envelope import Record
+from kinbox.consume.runner import Runner
 from kinbox.event import Event
 from kinbox.kafka import read_topic
-from kinbox.runner import Runner
 from tests.integration import inbox_support
 from tests.integration.inbox_support import Conn
 

@@ -19,10 +19,10 @@ from psycopg import sql
 
 from kinbox.app import App
 from kinbox.config import Settings
-from kinbox.inbox_schema import INBOX
+from kinbox.consume.runner import Runner
 from kinbox.kafka import KafkaPublisher, KafkaTransport
-from kinbox.runner import Runner
-from kinbox.store import PostgresInboxStore, apply_migrations
+from kinbox.store.postgres import PostgresInboxStore, apply_migrations
+from kinbox.store.schema import INBOX
 from tests.integration.inbox_app import make_app
 from tests.support.workers import committed as committed  # re-exported for the inbox tests
 
@@ -177,7 +177,7 @@ def start_worker(
         "INBOX_TEST_SLEEP": str(sleep),
         **(env or {}),
     }
-    args = [sys.executable, "-m", "kinbox.cli", "worker", "tests.integration.inbox_app:app"]
+    args = [sys.executable, "-m", "kinbox.cli.main", "worker", "tests.integration.inbox_app:app"]
     args += ["--processes", str(processes)]
     for key, value in (FAST_GROUP if kafka is None else kafka).items():
         args += ["-X", f"{key}={value}"]

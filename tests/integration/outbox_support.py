@@ -19,7 +19,7 @@ from confluent_kafka import Consumer
 from psycopg import sql
 
 from kinbox.devstack.stack import Stack
-from kinbox.migrations import migrate
+from kinbox.store.migrations import migrate
 from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import KafkaPublisher, producer_config
 from producer_outbox.relay import Relay
@@ -198,7 +198,7 @@ def enqueue_many(
 def outbox_command(stack: Stack, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``kinbox outbox <args>`` against the test database as a real process."""
     return subprocess.run(
-        [sys.executable, "-m", "kinbox.cli", "outbox", *args,
+        [sys.executable, "-m", "kinbox.cli.main", "outbox", *args,
          "--database-url", stack.database_url, "--schema", schema],
         capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
     )  # fmt: skip

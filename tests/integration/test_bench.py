@@ -183,7 +183,7 @@ def test_interrupted_bench_removes_everything_it_created(
     prefix = f"kbi_{uuid.uuid4().hex[:10]}"
     log = (tmp_path / "bench.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kinbox.cli", "bench", "--prefix", prefix,
+        [sys.executable, "-m", "kinbox.cli.main", "bench", "--prefix", prefix,
          "--bootstrap-servers", stack.bootstrap_servers, "--database-url", stack.database_url,
          "--scenario", "clean", "--contender", "article", "--events", "40000", "--repeat", "1"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ},

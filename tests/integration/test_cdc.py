@@ -27,8 +27,8 @@ from kinbox.devstack.connect import KafkaConnect
 from kinbox.devstack.postgres import PostgresServer
 from kinbox.devstack.stack import Stack
 from kinbox.errors import PayloadError
-from kinbox.inbox_schema import INBOX
-from kinbox.migrations import migrate
+from kinbox.store.migrations import migrate
+from kinbox.store.schema import INBOX
 from producer_outbox import enqueue
 from producer_outbox.cleanup import delete_older
 from producer_outbox.cli import RET_WARNING, outbox

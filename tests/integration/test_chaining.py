@@ -13,7 +13,7 @@ from psycopg import sql
 
 from kinbox import App, Event
 from kinbox.devstack.stack import Stack
-from kinbox.migrations import migrate
+from kinbox.store.migrations import migrate
 from producer_outbox import enqueue
 from producer_outbox.schema import OUTBOX
 from tests.conftest import MakeTopic

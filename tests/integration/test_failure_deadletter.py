@@ -7,7 +7,7 @@ import uuid
 from click.testing import CliRunner
 from confluent_kafka import Producer
 
-from kinbox.cli import main
+from kinbox.cli.main import main
 from kinbox.devstack.stack import Stack
 from kinbox.event import Event
 from tests.conftest import MakeTopic

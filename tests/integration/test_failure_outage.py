@@ -127,7 +127,7 @@ def test_handler_slower_than_max_poll_interval_stays_in_the_group(
         wait_for(lambda: committed(stack.bootstrap_servers, group, topic, 1) == {0: 3}, 40)
         assert runner._assigned == {(topic, 0)}
     # The member was never expelled: no partition lost or revoked before the shutdown
-    loop = {"kinbox.runner", "kinbox.inflight"}
+    loop = {"kinbox.consume.runner", "kinbox.consume.inflight"}
     messages = [r.getMessage() for r in caplog.records if r.name in loop]
     assert any("still running after" in m for m in messages)
     shutdown = next(i for i, m in enumerate(messages) if m.startswith("revoked"))
@@ -146,7 +146,7 @@ def test_inbox_cleanup_deletes_old_rows_in_batches(
 ) -> None:
     from click.testing import CliRunner
 
-    from kinbox.cli import main
+    from kinbox.cli.main import main
 
     prepare_schema(stack.database_url, schema)
     db.execute(

@@ -9,10 +9,10 @@ import psycopg
 from psycopg import sql
 
 from kinbox.app import App
-from kinbox.batch import BatchProcessor
+from kinbox.apply.batch import BatchProcessor
 from kinbox.devstack.stack import Stack
 from kinbox.event import Event
-from kinbox.store import PostgresInboxStore
+from kinbox.store.postgres import PostgresInboxStore
 from tests.integration.inbox_support import Conn, effects, prepare_schema
 from tests.unit.fakes import FakePublisher, record
 

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import psycopg
 
 from kinbox.devstack.stack import Stack
-from kinbox.worker import EXIT_INTERRUPTED
+from kinbox.ops.worker import EXIT_INTERRUPTED
 from tests.conftest import MakeTopic
 from tests.integration.inbox_support import (
     Conn,

@@ -14,10 +14,10 @@ import uuid
 
 import pytest
 
-from kinbox.cli_support import EXIT_CONFIG
+from kinbox.cli.support import EXIT_CONFIG
 from kinbox.devstack.stack import Stack
-from kinbox.inbox_schema import INBOX
-from kinbox.store import apply_migrations
+from kinbox.store.postgres import apply_migrations
+from kinbox.store.schema import INBOX
 from tests.conftest import MakeTopic
 from tests.integration.inbox_support import ROOT
 from tests.integration.outbox_support import Conn, migrate_outbox
@@ -30,7 +30,7 @@ BAD = [
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kinbox.cli", *args],
+        [sys.executable, "-m", "kinbox.cli.main", *args],
         cwd=ROOT,
         env={**os.environ, "KINBOX_LOG_LEVEL": "WARNING"},
         capture_output=True,

@@ -8,14 +8,14 @@ import sys
 from psycopg import sql
 
 from kinbox.devstack.stack import Stack
-from kinbox.inbox_schema import INBOX
+from kinbox.store.schema import INBOX
 from producer_outbox.schema import OUTBOX
 from tests.integration.inbox_support import Conn
 
 
 def _migrate(stack: Stack, schema: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "kinbox.cli", "migrate", "--database-url", stack.database_url,
+        [sys.executable, "-m", "kinbox.cli.main", "migrate", "--database-url", stack.database_url,
          "--schema", schema],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

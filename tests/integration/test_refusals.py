@@ -296,7 +296,7 @@ def test_a_lock_timeout_on_kinbox_claim_is_never_the_events_fault(
     url = make_conninfo(stack.database_url, options="-c lock_timeout=100")
     config = settings(stack.bootstrap_servers, url, group, schema)
     written = write(stack.bootstrap_servers, topic, [(with_id(f"e{n}"), b"{}") for n in range(3)])
-    caplog.set_level(logging.ERROR, logger="kinbox.backoff")
+    caplog.set_level(logging.ERROR, logger="kinbox.consume.backoff")
     with psycopg.connect(stack.database_url) as holder:
         holder.execute(
             sql.SQL(
@@ -325,7 +325,7 @@ def _timeouts(caplog: pytest.LogCaptureFixture) -> int:
     return sum(
         1
         for r in caplog.records
-        if r.name == "kinbox.backoff"
+        if r.name == "kinbox.consume.backoff"
         and "store failure" in r.getMessage()
         and "LockNotAvailable" in r.getMessage()
     )

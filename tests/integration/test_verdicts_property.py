@@ -45,8 +45,8 @@ from psycopg import sql
 
 from kinbox.app import App
 from kinbox.config import Settings
+from kinbox.consume.envelope import Record, event_id
 from kinbox.devstack.stack import Stack
-from kinbox.envelope import Record, event_id
 from kinbox.errors import EnvelopeError
 from kinbox.event import Event
 from tests.integration.failure_support import running

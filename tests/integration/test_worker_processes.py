@@ -13,7 +13,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from kinbox.cli_support import EXIT_FATAL
+from kinbox.cli.support import EXIT_FATAL
 from kinbox.devstack.stack import Stack
 from tests.conftest import MakeTopic
 from tests.support.workers import Worker, prepare_schema, wait_for, workers

@@ -16,7 +16,7 @@ from kinbox.bench.spec import ChildSpec
 
 def run_dropping(spec: ChildSpec) -> None:
     """kinbox's batch handler that silently skips every event at an offset divisible by 7."""
-    from kinbox.worker import run
+    from kinbox.ops.worker import run
 
     app = App(group_id=spec.group, schema=spec.schema)
     insert = effects.insert_many(spec.schema, spec.table)

@@ -54,8 +54,8 @@ from typing import Any
 from psycopg import sql
 
 from kinbox import App, Event, Middleware
-from kinbox.batch import BatchResult
-from kinbox.envelope import Record
+from kinbox.apply.batch import BatchResult
+from kinbox.consume.envelope import Record
 
 TOPIC = os.environ.get("FAULT_TOPIC", "fault-test")
 SCHEMA = os.environ.get("KINBOX_SCHEMA", "kinbox")

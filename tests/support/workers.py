@@ -24,8 +24,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from kinbox.inbox_schema import INBOX
-from kinbox.store import apply_migrations
+from kinbox.store.postgres import apply_migrations
+from kinbox.store.schema import INBOX
 from tests.support.records import Produced
 from tests.support.records import committed as committed  # also used by tests/integration
 
@@ -196,7 +196,7 @@ class WorkerFactory:
             **(env or {}),
         }
         argv = [
-            sys.executable, "-m", "kinbox.cli", "worker", APP,
+            sys.executable, "-m", "kinbox.cli.main", "worker", APP,
             "--bootstrap-servers", bootstrap or self.bootstrap,
             "--database-url", database_url or self.database_url,
             "--group-id", self.group,

@@ -8,12 +8,12 @@ from typing import Any
 
 import psycopg
 
-from kinbox.envelope import Record
+from kinbox.consume.envelope import Record
 from kinbox.errors import StoreError, TransportError
 from kinbox.event import Event
-from kinbox.kafka import Partition, RebalanceListener
-from kinbox.pgerrors import translate
-from kinbox.store import first_occurrences
+from kinbox.kafka.base import Partition, RebalanceListener
+from kinbox.store.base import first_occurrences
+from kinbox.store.errors import transient_cause, translate
 
 
 class FakeConn:
@@ -76,6 +76,9 @@ class _FakeTx:
             yield
         except psycopg.Error as exc:
             raise translate(exc, own=False) from exc
+
+    def outage(self, exc: BaseException) -> StoreError | None:
+        return transient_cause(exc)
 
 
 def storable(text: str) -> bool:

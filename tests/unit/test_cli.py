@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from kinbox.cli import EXIT_CONFIG, EXIT_IMPORT, main
+from kinbox.cli.main import EXIT_CONFIG, EXIT_IMPORT, main
 
 pytestmark = pytest.mark.unit
 
@@ -43,7 +43,7 @@ def test_bad_x_option() -> None:
 
 
 def test_worker_target_names_a_module_or_a_module_and_its_app() -> None:
-    from kinbox.worker import load_app
+    from kinbox.ops.worker import load_app
     from tests.unit import sample_app
 
     assert load_app("tests.unit.sample_app:app") is sample_app.app
@@ -60,7 +60,7 @@ def test_worker_target_that_is_not_an_app_is_a_configuration_error() -> None:
 
 def test_a_module_with_bare_handlers_runs_on_the_default_app() -> None:
     from kinbox.app import default_app
-    from kinbox.worker import load_app
+    from kinbox.ops.worker import load_app
 
     assert load_app("tests.unit.bare_app") is default_app
     assert "bare-topic" in default_app.topics

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kinbox.deadletter import PREFIX, RECORD_OVERHEAD_BYTES, Letter, headers
-from kinbox.envelope import Record
+from kinbox.apply.deadletter import PREFIX, RECORD_OVERHEAD_BYTES, Letter, headers
+from kinbox.consume.envelope import Record
 from kinbox.errors import TransportError
 
 pytestmark = pytest.mark.unit

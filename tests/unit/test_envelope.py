@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kinbox.envelope import MAX_ID_BYTES, Record, event_id, to_event
+from kinbox.consume.envelope import MAX_ID_BYTES, Record, event_id, to_event
 from kinbox.errors import EnvelopeError
 
 pytestmark = pytest.mark.unit

@@ -47,9 +47,10 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
 
 def test_importing_producer_outbox_loads_no_consumer_module() -> None:
     consumer = [
-        "kinbox.app", "kinbox.runner", "kinbox.batch", "kinbox.store", "kinbox.kafka.consumer",
-        "kinbox.kafka.producer", "kinbox.kafka.reader", "kinbox.config", "kinbox.envelope",
-        "kinbox.event", "kinbox.middleware", "kinbox.telemetry", "opentelemetry",
+        "kinbox.app", "kinbox.consume.runner", "kinbox.apply.batch", "kinbox.store.postgres",
+        "kinbox.kafka.consumer", "kinbox.kafka.producer", "kinbox.kafka.reader", "kinbox.config",
+        "kinbox.consume.envelope", "kinbox.event", "kinbox.middleware.base",
+        "kinbox.middleware.telemetry", "opentelemetry",
     ]  # fmt: skip
     code = (
         f"import sys, producer_outbox\nprint(sorted(m for m in {consumer!r} if m in sys.modules))\n"

@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kinbox.app import App
+from kinbox.apply.deadletter import REPLAY_HEADER
 from kinbox.config import DEFAULT_ID_HEADERS, Settings
-from kinbox.deadletter import REPLAY_HEADER
-from kinbox.envelope import Record, event_id
+from kinbox.consume.envelope import Record, event_id
+from kinbox.consume.runner import Runner
 from kinbox.errors import DeadLetter, EnvelopeError, Retry, TransportError
 from kinbox.event import Event
-from kinbox.runner import Runner
 
 from .fakes import FakePublisher, FakeStore, FakeTransport, record
 
@@ -413,7 +413,7 @@ class SlowHarness(Harness):
 
 @pytest.fixture
 def quick_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("kinbox.inflight.HOLD_AFTER", 0.05)
+    monkeypatch.setattr("kinbox.consume.inflight.HOLD_AFTER", 0.05)
 
 
 @pytest.mark.usefixtures("quick_hold")

@@ -8,9 +8,9 @@ import pytest
 
 from kinbox.app import App
 from kinbox.config import Settings
+from kinbox.consume.runner import Runner
 from kinbox.errors import DeadLetter
 from kinbox.event import Event
-from kinbox.runner import Runner
 
 from .fakes import FakePublisher, FakeStore, FakeTransport, record
 

@@ -11,11 +11,11 @@ import pytest
 
 from kinbox.app import App
 from kinbox.config import Settings
-from kinbox.envelope import Record
+from kinbox.consume.envelope import Record
+from kinbox.consume.runner import Runner
 from kinbox.errors import FatalTransportError
 from kinbox.event import Event
-from kinbox.kafka import Partition
-from kinbox.runner import Runner
+from kinbox.kafka.base import Partition
 
 from .fakes import FakePublisher, FakeStore, FakeTransport, record
 
@@ -115,7 +115,7 @@ def test_a_fatal_commit_ends_the_run_instead_of_being_kept_for_later() -> None:
 
 @pytest.fixture
 def quick_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("kinbox.inflight.HOLD_AFTER", 0.05)
+    monkeypatch.setattr("kinbox.consume.inflight.HOLD_AFTER", 0.05)
 
 
 @pytest.mark.usefixtures("quick_hold")

@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
-from kinbox.cli import EXIT_CONFIG, EXIT_FATAL, main
-from kinbox.cli_support import guard
+from kinbox.cli.main import EXIT_CONFIG, EXIT_FATAL, main
+from kinbox.cli.support import guard
 from kinbox.config import Settings
 from kinbox.errors import ConfigurationError, FatalTransportError, TransportError
 from kinbox.kafka.errors import broken, create_client, fatal_error, is_fatal, translate
@@ -298,6 +298,6 @@ def test_relay_keeps_a_records_own_error_alongside_a_fatal_producer() -> None:
 
 
 def test_supervisor_reports_a_member_status_as_a_shell_would() -> None:
-    from kinbox.supervisor import status
+    from kinbox.ops.supervisor import status
 
     assert [status(7), status(0), status(-9), status(-15), status(None)] == [7, 0, 137, 143, 1]

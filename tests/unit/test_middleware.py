@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.batch import BatchResult
+from kinbox.apply.batch import BatchResult
+from kinbox.apply.deadletter import Letter
 from kinbox.config import Settings
-from kinbox.deadletter import Letter
-from kinbox.envelope import Record
+from kinbox.consume.envelope import Record
+from kinbox.consume.runner import Runner
 from kinbox.errors import ConfigurationError, DeadLetter
 from kinbox.event import Event
-from kinbox.middleware import Middleware
-from kinbox.runner import Runner
-from kinbox.telemetry import Telemetry
+from kinbox.middleware.base import Middleware
+from kinbox.middleware.telemetry import Telemetry
 
 from .fakes import FakePublisher, FakeStore, FakeTransport, record
 
@@ -96,7 +96,7 @@ def test_a_failing_after_hook_is_logged_and_never_raised(caplog: pytest.LogCaptu
     assert calls[-2:] == ["inner.after 1 2", "outer.after 1 2"]
     assert "outer.dead 1 dead-letter-requested: unknown currency" in calls
     assert store.effects == ["x"] and transport.committed == {(T, 0): 2}
-    failed = [r for r in caplog.records if r.name == "kinbox.middleware"]
+    failed = [r for r in caplog.records if r.name == "kinbox.middleware.base"]
     assert [r.levelno for r in failed] == [logging.ERROR, logging.ERROR]
     assert "after_dead_letter" in failed[0].getMessage()
     assert "after_batch" in failed[1].getMessage()

@@ -4,7 +4,7 @@ import pytest
 from psycopg import sql
 
 from kinbox.errors import ConfigurationError
-from kinbox.migrations import Component, render
+from kinbox.store.migrations import Component, render
 
 
 def _table(schema: sql.Identifier) -> list[sql.Composed | sql.SQL]:

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kinbox.errors import ConfigurationError
-from kinbox.migrations import render
+from kinbox.store.migrations import render
 from producer_outbox import PayloadError
 from producer_outbox.schema import OUTBOX, notify_channel
 from producer_outbox.writer import check_headers, encode_payload, enqueue

@@ -6,9 +6,9 @@ import pytest
 
 from kinbox.app import App
 from kinbox.config import Settings
+from kinbox.consume.runner import Runner
 from kinbox.errors import Retry, TransportError
 from kinbox.event import Event
-from kinbox.runner import Runner
 
 from .fakes import FakeStore, FakeTransport, record
 

@@ -1,10 +1,10 @@
 """kinbox itself: per-event handler, batch handler, and the same with the inbox turned off.
 
-The per-event and batch contenders run :func:`kinbox.worker.run`, the very
+The per-event and batch contenders run :func:`kinbox.ops.worker.run`, the very
 code ``kinbox worker`` runs, with kinbox's default settings: what a user
 deploys, with nothing tuned for the benchmark.
 
-"Inbox off" shows what deduplication costs: the same :class:`~kinbox.runner.Runner`
+"Inbox off" shows what deduplication costs: the same :class:`~kinbox.consume.runner.Runner`
 and batch handler over a store whose claim takes every event as fresh and
 records nothing, so no ``processed_events`` row is written or read. It is
 at-least-once: a duplicate is applied again, and the check counts it.
@@ -22,8 +22,9 @@ from kinbox.app import App
 from kinbox.bench import effects
 from kinbox.bench.spec import ChildSpec
 from kinbox.config import Settings
+from kinbox.errors import StoreError
 from kinbox.event import Event
-from kinbox.store import InboxStore, InboxTransaction
+from kinbox.store.base import InboxStore, InboxTransaction
 
 
 def app(spec: ChildSpec, *, batch: bool) -> App:
@@ -71,7 +72,7 @@ def settings(application: App, spec: ChildSpec) -> Settings:
 
 def run_each(spec: ChildSpec) -> None:
     """``@handler``: one handler call per fresh event."""
-    from kinbox.worker import run
+    from kinbox.ops.worker import run
 
     application = app(spec, batch=False)
     run(application, settings(application, spec))
@@ -79,7 +80,7 @@ def run_each(spec: ChildSpec) -> None:
 
 def run_batch(spec: ChildSpec) -> None:
     """``@handler(batch=True)``: one call per partition batch."""
-    from kinbox.worker import run
+    from kinbox.ops.worker import run
 
     application = app(spec, batch=True)
     run(application, settings(application, spec))
@@ -110,9 +111,12 @@ class _NoClaim:
     def unguarded(self) -> AbstractContextManager[None]:
         return self._inner.unguarded()
 
+    def outage(self, exc: BaseException) -> StoreError | None:
+        return self._inner.outage(exc)
+
 
 class InboxOff:
-    """An :class:`~kinbox.store.InboxStore` around the real one, with the claim removed."""
+    """An :class:`~kinbox.store.postgres.InboxStore` around the real one, with the claim removed."""
 
     def __init__(self, inner: InboxStore) -> None:
         self._inner = inner
@@ -130,9 +134,9 @@ class InboxOff:
 
 def run_inbox_off(spec: ChildSpec) -> None:
     """The batch handler on kinbox's runner, without the inbox (at-least-once)."""
+    from kinbox.consume.runner import Runner
     from kinbox.kafka import KafkaPublisher, KafkaTransport
-    from kinbox.runner import Runner
-    from kinbox.store import PostgresInboxStore
+    from kinbox.store.postgres import PostgresInboxStore
 
     application = app(spec, batch=True)
     config = settings(application, spec)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable
 
 from kinbox.errors import FatalTransportError, TransportError
-from kinbox.kafka import Partition, Transport
+from kinbox.kafka.base import Partition, Transport
 
 log = logging.getLogger(__name__)
 

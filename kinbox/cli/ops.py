@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from kinbox import deadletter
-from kinbox.cli_support import EXIT_CONFIG, die, guard, parse_kafka_overrides
+from kinbox.apply import deadletter
+from kinbox.cli.support import EXIT_CONFIG, die, guard, parse_kafka_overrides
 from kinbox.config import Settings
 from kinbox.names import topic_name
 
@@ -111,7 +111,7 @@ def cleanup(older_than: str, batch_size: int, database_url: str | None, schema: 
     consumer lag, dead-letter replays): a redelivered event whose row is gone
     is applied again.
     """
-    from kinbox.retention import delete_processed
+    from kinbox.store.retention import delete_processed
 
     age = parse_duration(older_than)
     settings: Settings = guard(

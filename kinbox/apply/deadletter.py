@@ -20,7 +20,7 @@ came from and why it was given up:
 Replay re-publishes a dead letter to its original topic with its original
 headers and a ``kinbox.replay`` header. Only a record carrying that header may
 take over an event's ``dead_lettered`` row in ``processed_events`` (see
-:meth:`kinbox.store.InboxTransaction.claim`); an ``applied`` row is never taken
+:meth:`kinbox.store.postgres.InboxTransaction.claim`); an ``applied`` row is never taken
 over, so replaying the same dead letter twice still applies the event once.
 """
 
@@ -31,10 +31,10 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from kinbox.consume.envelope import Record
 from kinbox.describe import clean, describe, text, type_name
-from kinbox.envelope import Record
 from kinbox.errors import TransportError
-from kinbox.kafka import Publisher
+from kinbox.kafka.base import Publisher
 
 log = logging.getLogger(__name__)
 

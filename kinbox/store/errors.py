@@ -42,9 +42,9 @@ violations (class ``23``, also raised by a deferred constraint at COMMIT),
 errors a user's trigger raises, programming errors (class ``42``), and
 client-side refusals with no SQLSTATE (psycopg will not send NUL in text).
 Raised by a handler's statement or at COMMIT, such an error is a failure of
-the event and counts as a try (see :mod:`kinbox.narrow` for how the event is
+the event and counts as a try (see :mod:`kinbox.apply.narrow` for how the event is
 found when COMMIT cannot say which one it was). Raised by kinbox's own
-statements it is narrowed down the same way: see :mod:`kinbox.narrow`.
+statements it is narrowed down the same way: see :mod:`kinbox.apply.narrow`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 :class:`InboxStore` is the seam the runner depends on (a fake implements it
 in the unit tests); :class:`PostgresInboxStore` is the real one, on a
 ``psycopg_pool`` pool. Every psycopg error leaving this module is translated
-(:mod:`kinbox.pgerrors`) to :class:`~kinbox.errors.StoreError` with
+(:mod:`kinbox.store.errors`) to :class:`~kinbox.errors.StoreError` with
 ``transient`` set when trying again may succeed. What kinbox writes here
 that comes from a record or an exception (a reason) is made storable first:
 NUL and lone surrogates escaped (:func:`kinbox.describe.clean`), and every
@@ -13,102 +13,21 @@ non-ASCII character escaped when the database's encoding is not UTF8.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Protocol
+from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from kinbox import migrations
 from kinbox.describe import describe, storable
 from kinbox.errors import SchemaError, StoreError
 from kinbox.event import Event
-from kinbox.inbox_schema import INBOX
 from kinbox.names import sql_identifier
-from kinbox.pgerrors import translate
-
-
-class InboxTransaction(Protocol):
-    """One open inbox transaction, as the batch processor uses it."""
-
-    @property
-    def connection(self) -> Any:
-        """The object handlers receive as ``tx`` (a psycopg ``Connection``)."""
-
-    def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
-        """Record ``events`` as processed for this consumer; return the fresh ones.
-
-        Fresh means: not recorded before (by any earlier transaction) and the
-        first of its id within ``events``. An id in ``reclaim`` (a record
-        re-published by ``kinbox dlq replay``) is also fresh when its row is
-        ``dead_lettered``: the row becomes ``applied`` again. The order of
-        ``events`` is kept.
-
-        Raises:
-            StoreError: ``transient`` unless PostgreSQL (or psycopg) refused
-                something in the statement, such as an id it cannot store.
-        """
-
-    def dead_letter(self, event: Event, reason: str) -> None:
-        """Set the claimed row of ``event`` to ``dead_lettered`` with ``reason``.
-
-        ``reason`` may hold any text; the store escapes what the database
-        cannot hold.
-        """
-
-    def check_deferred(self) -> None:
-        """Run now the checks COMMIT would run: deferred constraints and triggers.
-
-        Raises:
-            StoreError: as COMMIT would (judged as a handler's statement).
-        """
-
-    def savepoint(self) -> AbstractContextManager[None]:
-        """A nested transaction: an exception inside rolls back only its work.
-
-        Database errors inside (the handler's) are translated to
-        :class:`~kinbox.errors.StoreError`, transient only for an outage
-        (:func:`kinbox.pgerrors.transient` with ``own=False``).
-        """
-
-    def unguarded(self) -> AbstractContextManager[None]:
-        """Handler code without a savepoint: cheaper, but a failure spoils the transaction.
-
-        Database errors inside are translated as in :meth:`savepoint`.
-
-        Raises:
-            StoreError: also when the block ends normally but left the
-                transaction aborted (a handler swallowed a database error),
-                so the failure is blamed on that handler, never on a later one.
-        """
-
-
-class InboxStore(Protocol):
-    """Where the inbox keeps ``processed_events``."""
-
-    def transaction(self) -> AbstractContextManager[InboxTransaction]:
-        """Open a transaction; it commits when the block exits normally.
-
-        Raises:
-            StoreError: from the database (``transient`` says whether to retry).
-                An error of COMMIT itself (a deferred constraint, a constraint
-                trigger) is judged as a handler's statement would be.
-        """
-
-    def close(self) -> None:
-        """Release connections."""
-
-
-def first_occurrences(events: Sequence[Event]) -> list[Event]:
-    """Return ``events`` without later repeats of an id (first occurrence wins)."""
-    seen: set[str] = set()
-    out = []
-    for event in events:
-        if event.id not in seen:
-            seen.add(event.id)
-            out.append(event)
-    return out
+from kinbox.store import migrations
+from kinbox.store.base import InboxTransaction, first_occurrences
+from kinbox.store.errors import transient_cause, translate
+from kinbox.store.schema import INBOX
 
 
 class PostgresInboxStore:
@@ -282,11 +201,14 @@ class _PostgresTransaction:
                 transient=False,
             )
 
+    def outage(self, exc: BaseException) -> StoreError | None:
+        return transient_cause(exc)
+
 
 def apply_migrations(
     conninfo: str, schema: str, components: Sequence[migrations.Component]
 ) -> dict[str, tuple[int, int]]:
-    """Run :func:`kinbox.migrations.migrate` on a fresh connection (``kinbox migrate``).
+    """Run :func:`kinbox.store.migrations.migrate` on a fresh connection (``kinbox migrate``).
 
     Raises:
         StoreError: the database failed or could not be reached.

@@ -14,10 +14,11 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+from kinbox.apply.outcome import Failure
+from kinbox.apply.policy import FailurePolicy
 from kinbox.describe import describe, text
 from kinbox.errors import EnvelopeError
-from kinbox.kafka import Partition, Transport
-from kinbox.policy import Failure, FailurePolicy
+from kinbox.kafka.base import Partition, Transport
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ from typing import Any
 
 from kinbox.app import App, default_app
 from kinbox.config import Settings
+from kinbox.consume.runner import Runner
 from kinbox.errors import ConfigurationError
 from kinbox.kafka import KafkaPublisher, KafkaTransport
 from kinbox.kafka.admin import check_dead_letter_topics
-from kinbox.runner import Runner
-from kinbox.store import PostgresInboxStore
+from kinbox.store.postgres import PostgresInboxStore
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """The consume loop of one group member.
 
 Each turn: poll a batch, split it by partition, apply each partition batch in
-its own database transaction (:mod:`kinbox.batch`, on the worker thread of
-:mod:`kinbox.inflight`), then commit to Kafka the offsets those transactions
-covered — never more (:mod:`kinbox.offsets`, DESIGN invariant 2).
+its own database transaction (:mod:`kinbox.apply.batch`, on the worker thread of
+:mod:`kinbox.consume.inflight`), then commit to Kafka the offsets those transactions
+covered — never more (:mod:`kinbox.consume.offsets`, DESIGN invariant 2).
 
-A partition that failed backs off (:mod:`kinbox.backoff`): paused, rewound
+A partition that failed backs off (:mod:`kinbox.consume.backoff`): paused, rewound
 to the failed offset and resumed after the policy's delay, while the loop
 keeps polling. This module owns the loop, the assignment and the rebalance
 callbacks, and wires those pieces together.
@@ -18,16 +18,16 @@ import time
 from collections.abc import Callable, Mapping
 
 from kinbox.app import App
-from kinbox.backoff import Backoff
-from kinbox.batch import BatchProcessor, BatchResult
+from kinbox.apply.batch import BatchProcessor, BatchResult
+from kinbox.apply.policy import FailurePolicy, RetryPolicy
 from kinbox.config import Settings
-from kinbox.envelope import Record
+from kinbox.consume.backoff import Backoff
+from kinbox.consume.envelope import Record
+from kinbox.consume.inflight import InFlight, Results
+from kinbox.consume.offsets import Offsets
 from kinbox.errors import ConfigurationError, FatalTransportError, TransportError
-from kinbox.inflight import InFlight, Results
-from kinbox.kafka import Partition, Publisher, Transport
-from kinbox.offsets import Offsets
-from kinbox.policy import FailurePolicy, RetryPolicy
-from kinbox.store import InboxStore
+from kinbox.kafka.base import Partition, Publisher, Transport
+from kinbox.store.base import InboxStore
 
 log = logging.getLogger(__name__)
 

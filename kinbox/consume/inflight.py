@@ -24,9 +24,9 @@ from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from kinbox.batch import BatchResult
-from kinbox.envelope import Record
-from kinbox.kafka import Partition, Transport
+from kinbox.apply.batch import BatchResult
+from kinbox.consume.envelope import Record
+from kinbox.kafka.base import Partition, Transport
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ different values, or holding U+0000 (NUL), which PostgreSQL ``text`` cannot
 store. That check is cheap and catches the common case; an id the database
 refuses for another reason (a server encoding without a code for one of its
 characters) is found when its claim fails and handled the same way (see
-:mod:`kinbox.narrow`). A record whose headers the Kafka client could not
+:mod:`kinbox.apply.narrow`). A record whose headers the Kafka client could not
 read at all (a header *name* that is not UTF-8) has no id either.
 """
 

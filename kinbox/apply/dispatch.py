@@ -6,7 +6,7 @@ handler raises, the pass stops and the caller rolls the whole transaction
 back; what happens next is decided from that exception exactly as it was
 when every event had a savepoint:
 
-- a database outage (:func:`~kinbox.pgerrors.transient_cause`): the batch fails
+- a database outage (:meth:`~kinbox.store.base.InboxTransaction.outage`): the batch fails
   as a whole and the try is not counted;
 - a failure to retry (not the event's last try): the partition stops at the
   event (:class:`HandlerFailed`) and the events before it are applied again;
@@ -24,17 +24,18 @@ any retry.
 A handler's failure is judged by what it raised, wherever it came from: a
 database error in its own statements (a value too long for its column, an
 index row over the btree limit) is a failure of the event like any other
-exception, unless it is an outage (:mod:`kinbox.pgerrors` has the one
-classification). A :class:`Verdict` may also come from outside the handler:
+exception, unless it is an outage (the store's driver has the one
+classification: :mod:`kinbox.store.errors` for PostgreSQL). A :class:`Verdict`
+may also come from outside the handler:
 an event whose COMMIT PostgreSQL refused on its last try (see
-:mod:`kinbox.narrow`) is dead-lettered here without its handler running.
+:mod:`kinbox.apply.narrow`) is dead-lettered here without its handler running.
 
 Batch handlers (``batch=True``) run under one savepoint per batch; on the
 last try the handler cannot say which event is the poison, so it is handed
 the events one at a time and those that still fail are dead-lettered.
 
 Dead letters are returned, not recorded: the caller writes them into
-``processed_events`` (:mod:`kinbox.batch`). Exceptions are turned into text
+``processed_events`` (:mod:`kinbox.apply.batch`). Exceptions are turned into text
 only through :mod:`kinbox.describe`, so a broken ``__str__`` cannot escape.
 """
 
@@ -43,15 +44,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kinbox import deadletter
-from kinbox.app import Route
-from kinbox.deadletter import Letter
+from kinbox.apply import deadletter
+from kinbox.apply.deadletter import Letter
+from kinbox.apply.route import Route
+from kinbox.consume.envelope import Record
 from kinbox.describe import describe, text
-from kinbox.envelope import Record
 from kinbox.errors import DeadLetter, Retry
 from kinbox.event import Event
-from kinbox.pgerrors import transient_cause
-from kinbox.store import InboxTransaction
+from kinbox.store.base import InboxTransaction
 
 
 class HandlerFailed(Exception):
@@ -153,7 +153,7 @@ class Dispatcher:
             with tx.unguarded():
                 route.fn(event, tx.connection)
         except Exception as exc:
-            reason = self._permanent(route, exc, event.attempt)
+            reason = self._permanent(tx, route, exc, event.attempt)
             if reason is None:
                 raise HandlerFailed(event, exc) from exc
             raise Abandoned(event, Verdict(reason, exc)) from exc
@@ -171,7 +171,7 @@ class Dispatcher:
                 route.fn(event, tx.connection)
             return
         except Exception as exc:
-            reason = self._permanent(route, exc, event.attempt)
+            reason = self._permanent(tx, route, exc, event.attempt)
             if reason is None:
                 raise HandlerFailed(event, exc) from exc
             letters.append(self.letter(route, records, event, reason, exc))
@@ -194,7 +194,7 @@ class Dispatcher:
                 route.fn(events, tx.connection)
             return
         except Exception as exc:
-            if self._permanent(route, exc, attempt) is None:
+            if self._permanent(tx, route, exc, attempt) is None:
                 raise HandlerFailed(events[0], exc) from exc
         # Last try: the handler cannot say which event is the poison, so hand
         # it the events one at a time and dead-letter those that still fail.
@@ -203,7 +203,7 @@ class Dispatcher:
                 with tx.savepoint():
                     route.fn([event], tx.connection)
             except Exception as exc:
-                reason = self._permanent(route, exc, max(attempt, self.limit(route)))
+                reason = self._permanent(tx, route, exc, max(attempt, self.limit(route)))
                 assert reason is not None
                 letters.append(self.letter(route, records, event, reason, exc))
 
@@ -211,7 +211,9 @@ class Dispatcher:
         """Tries before an event of ``route`` is dead-lettered."""
         return route.max_attempts or self._max_attempts
 
-    def _permanent(self, route: Route, exc: Exception, attempt: int) -> str | None:
+    def _permanent(
+        self, tx: InboxTransaction, route: Route, exc: Exception, attempt: int
+    ) -> str | None:
         """The dead-letter reason if ``exc`` gives the event up, else ``None``.
 
         Raises:
@@ -219,7 +221,7 @@ class Dispatcher:
         """
         if isinstance(exc, DeadLetter):
             return f"{deadletter.REQUESTED}: {text(exc.reason, 500)}"
-        outage = transient_cause(exc)
+        outage = tx.outage(exc)
         if outage is not None:
             raise outage from exc
         if attempt < self.limit(route):

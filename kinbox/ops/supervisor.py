@@ -4,7 +4,7 @@
   threads do not survive a fork). Each loads the app itself and runs one
   consumer, exactly as ``kinbox worker`` with one process does.
 - **They die with the supervisor.** Each member asks the kernel for SIGTERM
-  when the supervisor dies (:func:`kinbox.lifeline.die_with_parent`), so a
+  when the supervisor dies (:func:`kinbox.ops.lifeline.die_with_parent`), so a
   supervisor killed even with SIGKILL leaves no member consuming on its own;
   each stops as on a SIGTERM of its own (the batch in hand, then its offsets).
 - **Static membership.** With ``-X group.instance.id=svc``, member *i* is
@@ -35,8 +35,8 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
 
-from kinbox.cli_support import configure_logging, guard, resolve_target
-from kinbox.lifeline import die_with_parent
+from kinbox.cli.support import configure_logging, guard, resolve_target
+from kinbox.ops.lifeline import die_with_parent
 
 log = logging.getLogger("kinbox.supervisor")
 
@@ -104,7 +104,7 @@ def member(target: str, flags: dict[str, Any], log_level: str, index: int, paren
     # which forwards one SIGTERM per signal (two would mean "exit at once").
     os.setpgid(0, 0)
     configure_logging(log_level)
-    from kinbox.worker import run
+    from kinbox.ops.worker import run
 
     app, settings = guard(lambda: resolve_target(target, flags))
     guard(lambda: run(app, settings.for_member(index)))

@@ -12,7 +12,7 @@ Hooks run on the batch thread, for one partition batch at a time:
     in reverse order, once per dead letter whose transaction committed (a
     rolled-back one is never reported).
 ``after_batch``
-    in reverse order, with the :class:`~kinbox.batch.BatchResult`, whether
+    in reverse order, with the :class:`~kinbox.apply.batch.BatchResult`, whether
     the batch committed, stopped at a failure or did both.
 
 A failing ``after_*`` hook is logged and never raised: the batch is already
@@ -20,7 +20,7 @@ committed (or rolled back) and its offsets must still move.
 
 Register with ``App(middleware=[...])`` (which replaces the defaults) or
 :meth:`kinbox.app.App.add_middleware` (which appends to them). The default is
-:class:`kinbox.telemetry.Telemetry`.
+:class:`kinbox.middleware.telemetry.Telemetry`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kinbox.batch import BatchResult
-    from kinbox.deadletter import Letter
-    from kinbox.envelope import Record
+    from kinbox.apply.batch import BatchResult
+    from kinbox.apply.deadletter import Letter
+    from kinbox.consume.envelope import Record
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from kinbox.migrations import Component
+from kinbox.store.migrations import Component
 
 STATUSES = ("applied", "dead_lettered", "skipped")
 """Values of ``processed_events.status``."""

@@ -15,11 +15,11 @@ from opentelemetry import context, metrics, trace
 from opentelemetry.context import Context
 
 from kinbox.describe import describe
-from kinbox.middleware import Middleware
+from kinbox.middleware.base import Middleware
 
 if TYPE_CHECKING:
-    from kinbox.batch import BatchResult
-    from kinbox.envelope import Record
+    from kinbox.apply.batch import BatchResult
+    from kinbox.consume.envelope import Record
 
 _tracer = trace.get_tracer("kinbox")
 _meter = metrics.get_meter("kinbox")

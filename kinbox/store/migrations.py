@@ -7,7 +7,7 @@ scoped advisory lock, so several workers starting at once apply each step
 exactly once and the others wait, then find nothing to do.
 
 This module knows no table of its own beyond ``schema_version``: the inbox's
-steps live in :mod:`kinbox.inbox_schema`, the outbox's in
+steps live in :mod:`kinbox.store.schema`, the outbox's in
 :mod:`producer_outbox.schema`.
 """
 

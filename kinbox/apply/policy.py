@@ -1,9 +1,9 @@
 """Failure policy: how long a partition waits after a failure it must retry.
 
 Permanent failures never get here: the batch processor dead-letters them
-inside the batch's transaction (see :mod:`kinbox.batch`). What reaches the
+inside the batch's transaction (see :mod:`kinbox.apply.batch`). What reaches the
 runner is a failure to retry — a handler's non-final failure (or a COMMIT
-refused because of its event, see :mod:`kinbox.narrow`), a database outage, a
+refused because of its event, see :mod:`kinbox.apply.narrow`), a database outage, a
 dead letter the broker did not acknowledge — or, under ``missing_id=fail``, a
 bad record that stops the worker. The runner describes
 the :class:`Failure` and asks a :class:`FailurePolicy` for the delay;
@@ -17,48 +17,8 @@ from typing import Literal, Protocol
 
 import tenacity
 
-from kinbox.envelope import Record
-from kinbox.errors import EnvelopeError, Retry, StoreError, TransportError
-from kinbox.event import Event
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a partition stopped at ``offset``.
-
-    Attributes:
-        topic: the partition's topic.
-        partition: the partition.
-        offset: the first offset not applied; reading resumes here.
-        attempt: consecutive failures at this offset, this one included.
-        error: the cause (:class:`EnvelopeError`, :class:`StoreError`, or what
-            the handler raised).
-        event: the event whose handler failed, when one did.
-        record: the record that could not become an event, for envelope errors.
-        streak: consecutive failures of the partition at this offset, of any
-            kind (set by the runner; the backoff grows with it, while only
-            handler failures count towards ``max_attempts``).
-    """
-
-    topic: str
-    partition: int
-    offset: int
-    attempt: int
-    error: BaseException
-    event: Event | None = None
-    record: Record | None = None
-    streak: int = 1
-
-    @property
-    def kind(self) -> str:
-        """``envelope``, ``store``, ``dead-letter`` or ``handler``: for logs and metrics."""
-        if isinstance(self.error, EnvelopeError):
-            return "envelope"
-        if isinstance(self.error, StoreError) and self.event is None:
-            return "store"
-        if isinstance(self.error, TransportError) and self.event is None:
-            return "dead-letter"
-        return "handler"
+from kinbox.apply.outcome import Failure
+from kinbox.errors import Retry
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@
             ─► BEGIN
                claim ids: one INSERT … ON CONFLICT DO NOTHING RETURNING  (duplicates drop out)
                run the handler over the fresh events, in offset order
-                   (optimistically, without savepoints: see :mod:`kinbox.dispatch`);
+                   (optimistically, without savepoints: see :mod:`kinbox.apply.dispatch`);
                    on a permanent failure the batch is redone with a
                    savepoint per event, the failed one dead-lettered
                record the dead letters in processed_events (status, reason)
@@ -26,11 +26,11 @@ back; the events before the failed one are then applied again in a new
 transaction and committed, and the partition stops at the failed event, so
 its next try is the first record of a batch and ``attempt`` counts exactly its
 tries. A database error in a handler's statement is such a failure too,
-unless it is an outage (:mod:`kinbox.pgerrors`).
+unless it is an outage (:mod:`kinbox.store.errors`).
 
 Content the database refuses where no event is named — kinbox's claim of the
 batch's ids, COMMIT (a deferred constraint), the dead-letter bookkeeping — is
-pinned on its event by splitting the batch (:mod:`kinbox.narrow`): an id that
+pinned on its event by splitting the batch (:mod:`kinbox.apply.narrow`): an id that
 cannot be stored goes to the ``missing_id`` policy, a refused COMMIT counts
 as a try of its event. So no record stalls its partition. Only an outage (a
 transient error: also when seen inside a handler) or a dead letter the broker
@@ -50,20 +50,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from kinbox import deadletter
-from kinbox.app import Route
-from kinbox.deadletter import Letter
-from kinbox.dispatch import Dispatcher
-from kinbox.envelope import Record, derived_event, to_event
+from kinbox.apply import deadletter
+from kinbox.apply.deadletter import Letter
+from kinbox.apply.dispatch import Dispatcher
+from kinbox.apply.narrow import Plan, Refused, Settlement, Tally
+from kinbox.apply.outcome import BatchResult as BatchResult  # its old home: re-exported
+from kinbox.apply.outcome import Failure
+from kinbox.apply.route import Route
+from kinbox.consume.envelope import Record, derived_event, to_event
 from kinbox.errors import EnvelopeError, StoreError, TransportError
 from kinbox.event import Event
 from kinbox.failpoints import failpoint
-from kinbox.kafka import Publisher
-from kinbox.middleware import Chain, Middleware
-from kinbox.narrow import Plan, Refused, Settlement, Tally
-from kinbox.outcome import BatchResult as BatchResult  # its old home: re-exported
-from kinbox.policy import Failure
-from kinbox.store import InboxStore, InboxTransaction
+from kinbox.kafka.base import Publisher
+from kinbox.middleware.base import Chain, Middleware
+from kinbox.store.base import InboxStore, InboxTransaction
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class BatchProcessor:
         consumer: the consumer group, written into dead letters.
         max_attempts: tries before dead-lettering, unless the route sets its own.
         missing_id: ``dead-letter``, ``derive`` or ``fail``.
-        middleware: hooked around every batch (see :mod:`kinbox.middleware`).
+        middleware: hooked around every batch (see :mod:`kinbox.middleware.base`).
         dead_letter_limits: the record size limit of each dead-letter topic,
             which its ``kinbox.dlq.*`` headers must not push a record over.
     """

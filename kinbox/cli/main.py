@@ -3,8 +3,8 @@
 Exit codes tell a supervisor what went wrong without parsing logs:
 2 configuration, 3 import, 4 connection, 5 schema not migrated, 6 stopped on a
 record without a valid event id (``missing_id=fail``), 7 the Kafka consumer
-failed fatally (see :mod:`kinbox.cli_support`); ``--processes N`` is run by
-:mod:`kinbox.supervisor`.
+failed fatally (see :mod:`kinbox.cli.support`); ``--processes N`` is run by
+:mod:`kinbox.ops.supervisor`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from kinbox.cli_support import (
+from kinbox.cli.support import (
     EXIT_BAD_INPUT,
     EXIT_CONFIG,
     EXIT_CONNECT,
@@ -26,12 +26,12 @@ from kinbox.cli_support import (
     configure_logging,
     resolve_target,
 )
-from kinbox.cli_support import die as _die
-from kinbox.cli_support import guard as _guard
-from kinbox.cli_support import parse_kafka_overrides as _kafka_overrides
+from kinbox.cli.support import die as _die
+from kinbox.cli.support import guard as _guard
+from kinbox.cli.support import parse_kafka_overrides as _kafka_overrides
 from kinbox.config import Settings
-from kinbox.inbox_schema import INBOX
-from kinbox.migrations import Component, render
+from kinbox.store.migrations import Component, render
+from kinbox.store.schema import INBOX
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -114,13 +114,13 @@ def worker(ctx: click.Context, /, target: str, processes: int, kafka: tuple[str,
     if processes == 1:
         _guard(lambda: _run(app, settings))
         return
-    from kinbox.supervisor import supervise
+    from kinbox.ops.supervisor import supervise
 
     sys.exit(supervise(target, flags, processes, ctx.obj["log_level"]))
 
 
 def _run(app: Any, settings: Settings) -> None:
-    from kinbox.worker import run
+    from kinbox.ops.worker import run
 
     run(app, settings)
 
@@ -145,7 +145,7 @@ def components() -> list[Component]:
 )
 def migrate(database_url: str | None, schema: str | None, print_sql: bool) -> None:
     """Create or upgrade the kinbox tables (idempotent, safe to run concurrently)."""
-    from kinbox.store import apply_migrations
+    from kinbox.store.postgres import apply_migrations
 
     settings = _guard(
         lambda: Settings.load({"database_url": database_url, "schema": schema}, os.environ)
@@ -163,8 +163,8 @@ def migrate(database_url: str | None, schema: str | None, print_sql: bool) -> No
 
 # Both ship in this distribution; imported last so `kinbox --help` lists them.
 from kinbox.bench.command import bench  # noqa: E402
+from kinbox.cli.ops import dlq, inbox  # noqa: E402
 from kinbox.devstack.command import dev  # noqa: E402
-from kinbox.ops import dlq, inbox  # noqa: E402
 from producer_outbox.cli import outbox  # noqa: E402
 
 main.add_command(bench)

@@ -1,12 +1,12 @@
 """Pinning a refusal on the event that caused it, so no record stalls its partition.
 
-A partition batch is applied in one transaction (:mod:`kinbox.batch`). A
-handler's failure names its event (:mod:`kinbox.dispatch`); three refusals
+A partition batch is applied in one transaction (:mod:`kinbox.apply.batch`). A
+handler's failure names its event (:mod:`kinbox.apply.dispatch`); three refusals
 name none, because one statement or one COMMIT covers many events:
 
 ``claim``
     kinbox's one INSERT of every id of the batch, refused non-transiently:
-    an id the database cannot store, one that :mod:`kinbox.envelope` let
+    an id the database cannot store, one that :mod:`kinbox.consume.envelope` let
     through (say, a character the server encoding has no code for);
 ``commit``
     COMMIT refused non-transiently: a deferred constraint or a constraint
@@ -48,14 +48,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kinbox import deadletter
-from kinbox.deadletter import Letter
-from kinbox.dispatch import Abandoned, HandlerFailed, Verdict
-from kinbox.envelope import Record, derived_event, derived_id, unstorable_id
+from kinbox.apply import deadletter
+from kinbox.apply.deadletter import Letter
+from kinbox.apply.dispatch import Abandoned, HandlerFailed, Verdict
+from kinbox.apply.outcome import BatchResult, Failure
+from kinbox.consume.envelope import Record, derived_event, derived_id, unstorable_id
 from kinbox.errors import EnvelopeError, StoreError, TransportError
 from kinbox.event import Event
-from kinbox.outcome import BatchResult
-from kinbox.policy import Failure
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +96,8 @@ class Tally:
 Apply = Callable[[list[Event], Plan], Tally]
 """Applies some consecutive events of the batch in one transaction, following the plan.
 
-Raises :class:`Refused`, :class:`~kinbox.dispatch.HandlerFailed`,
-:class:`~kinbox.dispatch.Abandoned`, or :class:`~kinbox.errors.StoreError` /
+Raises :class:`Refused`, :class:`~kinbox.apply.dispatch.HandlerFailed`,
+:class:`~kinbox.apply.dispatch.Abandoned`, or :class:`~kinbox.errors.StoreError` /
 :class:`~kinbox.errors.TransportError` for what must wait.
 """
 

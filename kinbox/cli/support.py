@@ -63,7 +63,7 @@ def configure_logging(level: str) -> None:
 
 def resolve_target(target: str, flags: Mapping[str, Any]) -> tuple[App, Settings]:
     """Load ``kinbox worker``'s MODULE[:APP] and its validated settings (flags > env > app)."""
-    from kinbox.worker import resolve
+    from kinbox.ops.worker import resolve
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # like `python -m`: the app lives in the project

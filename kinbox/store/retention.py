@@ -15,7 +15,7 @@ import psycopg
 from psycopg import sql
 
 from kinbox.names import sql_identifier
-from kinbox.pgerrors import translate
+from kinbox.store.errors import translate
 
 # The subselect bounds each batch (DELETE has no LIMIT) and walks the
 # processed_at index; every batch is its own short transaction, so cleanup

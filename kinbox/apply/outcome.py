@@ -1,0 +1,78 @@
+"""What became of one partition batch: :class:`BatchResult` and :class:`Failure`.
+
+A leaf shared by the batch processor, the runner, the failure policy and the
+middleware; it imports nothing of them, so no circle forms between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kinbox.errors import EnvelopeError, StoreError, TransportError
+
+if TYPE_CHECKING:
+    from kinbox.apply.deadletter import Letter
+    from kinbox.consume.envelope import Record
+    from kinbox.event import Event
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """Outcome of one partition batch.
+
+    Attributes:
+        next_offset: the offset to commit to Kafka now (last settled + 1), or
+            ``None`` when no transaction committed.
+        failure: why the partition stopped before its end, if it did.
+        applied: events whose handler committed.
+        duplicates: deliveries the inbox suppressed.
+        dead_lettered: records sent to a dead-letter topic and recorded so.
+        letters: those dead letters.
+    """
+
+    next_offset: int | None
+    failure: Failure | None = None
+    applied: int = 0
+    duplicates: int = 0
+    dead_lettered: int = 0
+    letters: tuple[Letter, ...] = ()
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a partition stopped at ``offset``.
+
+    Attributes:
+        topic: the partition's topic.
+        partition: the partition.
+        offset: the first offset not applied; reading resumes here.
+        attempt: consecutive failures at this offset, this one included.
+        error: the cause (:class:`EnvelopeError`, :class:`StoreError`, or what
+            the handler raised).
+        event: the event whose handler failed, when one did.
+        record: the record that could not become an event, for envelope errors.
+        streak: consecutive failures of the partition at this offset, of any
+            kind (set by the runner; the backoff grows with it, while only
+            handler failures count towards ``max_attempts``).
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    attempt: int
+    error: BaseException
+    event: Event | None = None
+    record: Record | None = None
+    streak: int = 1
+
+    @property
+    def kind(self) -> str:
+        """``envelope``, ``store``, ``dead-letter`` or ``handler``: for logs and metrics."""
+        if isinstance(self.error, EnvelopeError):
+            return "envelope"
+        if isinstance(self.error, StoreError) and self.event is None:
+            return "store"
+        if isinstance(self.error, TransportError) and self.event is None:
+            return "dead-letter"
+        return "handler"

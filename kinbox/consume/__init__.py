@@ -1,0 +1,15 @@
+"""Consume: the poll loop of one group member, up to the point a partition batch is applied.
+
+=============  ================================================================
+``envelope``   :class:`Record` (a consumed record, driver-free) and its event
+               id: record → :class:`~kinbox.event.Event`
+``runner``     the loop: poll, split by partition, hand batches over, commit
+               offsets; the rebalance callbacks
+``inflight``   the batch running on its worker thread while polling goes on
+``offsets``    what may be committed to Kafka, and only that
+``backoff``    a failed partition paused, rewound and resumed later
+=============  ================================================================
+
+No module here imports a Kafka or database driver: the runner talks to
+:mod:`kinbox.kafka.base` and :mod:`kinbox.store.base` only.
+"""

@@ -1,0 +1,91 @@
+"""The Kafka seam, free of any driver: what the core needs from Kafka.
+
+:class:`Transport` (the group member's consumer, with a
+:class:`RebalanceListener`) and :class:`Publisher` (dead letters and replays)
+are what the runner and the batch processor depend on. This module imports
+no Kafka client, so the core loads no librdkafka: :mod:`kinbox.kafka.consumer`
+and :mod:`kinbox.kafka.producer` are the real implementations, on
+confluent-kafka, and :mod:`kinbox.testing` has fakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from kinbox.consume.envelope import Record
+
+Partition = tuple[str, int]
+"""A (topic, partition) pair."""
+
+
+class RebalanceListener(Protocol):
+    """Told about assignment changes, from inside :meth:`Transport.poll`."""
+
+    def on_assigned(self, partitions: list[Partition]) -> None:
+        """Partitions were added to this member."""
+
+    def on_revoked(self, partitions: list[Partition]) -> None:
+        """Partitions are about to go: the last chance to commit their offsets."""
+
+    def on_lost(self, partitions: list[Partition]) -> None:
+        """Partitions were taken away already: commit nothing for them."""
+
+
+class Transport(Protocol):
+    """What the runner needs from Kafka."""
+
+    def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
+        """Join the group for ``topics``; ``listener`` hears about rebalances."""
+
+    def poll(self, max_messages: int, timeout: float) -> list[Record]:
+        """Return up to ``max_messages`` records, waiting at most ``timeout`` seconds."""
+
+    def commit(self, offsets: Mapping[Partition, int]) -> None:
+        """Commit ``offsets`` (next offset to read) synchronously.
+
+        Raises:
+            TransportError: ``retriable`` is false when the broker rejected the
+                commit because the group moved on.
+        """
+
+    def pause(self, partitions: Sequence[Partition]) -> None:
+        """Stop fetching ``partitions`` (the member stays in the group)."""
+
+    def resume(self, partitions: Sequence[Partition]) -> None:
+        """Fetch ``partitions`` again."""
+
+    def seek(self, partition: Partition, offset: int) -> None:
+        """Read ``partition`` from ``offset`` next."""
+
+    def close(self) -> None:
+        """Leave the group (revoke callbacks run) and release the client."""
+
+
+class Publisher(Protocol):
+    """Produces records and says when the broker has acknowledged all of them."""
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]],
+    ) -> None:
+        """Queue one record (asynchronous; :meth:`flush` waits for it).
+
+        Raises:
+            TransportError: the client refused it at once (too large, unknown topic...).
+        """
+
+    def flush(self) -> None:
+        """Wait until every queued record is acknowledged.
+
+        Raises:
+            TransportError: a record failed or was not acknowledged in time;
+                the caller must treat none of them as delivered.
+        """
+
+    def close(self) -> None:
+        """Flush what is left (best effort) and release the client."""

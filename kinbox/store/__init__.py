@@ -1,0 +1,14 @@
+"""Store: where the inbox keeps ``processed_events``; PostgreSQL lives here and nowhere else.
+
+==============  ===============================================================
+``base``        the seam: :class:`InboxStore` and :class:`InboxTransaction`
+                (driver-free)
+``postgres``    :class:`PostgresInboxStore`, on a psycopg_pool pool
+``errors``      psycopg errors → :class:`~kinbox.errors.StoreError`: which are
+                outages, which are refusals of content
+``schema``      the inbox's tables, as versioned migration steps
+``migrations``  applying versioned steps under an advisory lock (shared with
+                ``producer_outbox``)
+``retention``   deleting old ``processed_events`` rows in bounded batches
+==============  ===============================================================
+"""

@@ -1,0 +1,111 @@
+"""The inbox store seam, free of any driver: what the batch processor needs from a database.
+
+:class:`InboxStore` opens :class:`InboxTransaction` s, in which the batch
+claims event ids, runs handlers (optimistically or under savepoints) and
+records dead letters. This module imports no database driver, so the core
+loads no psycopg: :class:`~kinbox.store.postgres.PostgresInboxStore` is the
+real implementation and :mod:`kinbox.testing` has a fake. Both are checked by
+one contract suite (``tests/contract``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from kinbox.errors import StoreError
+    from kinbox.event import Event
+
+
+class InboxTransaction(Protocol):
+    """One open inbox transaction, as the batch processor uses it."""
+
+    @property
+    def connection(self) -> Any:
+        """The object handlers receive as ``tx`` (a psycopg ``Connection``)."""
+
+    def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
+        """Record ``events`` as processed for this consumer; return the fresh ones.
+
+        Fresh means: not recorded before (by any earlier transaction) and the
+        first of its id within ``events``. An id in ``reclaim`` (a record
+        re-published by ``kinbox dlq replay``) is also fresh when its row is
+        ``dead_lettered``: the row becomes ``applied`` again. The order of
+        ``events`` is kept.
+
+        Raises:
+            StoreError: ``transient`` unless PostgreSQL (or psycopg) refused
+                something in the statement, such as an id it cannot store.
+        """
+
+    def dead_letter(self, event: Event, reason: str) -> None:
+        """Set the claimed row of ``event`` to ``dead_lettered`` with ``reason``.
+
+        ``reason`` may hold any text; the store escapes what the database
+        cannot hold.
+        """
+
+    def check_deferred(self) -> None:
+        """Run now the checks COMMIT would run: deferred constraints and triggers.
+
+        Raises:
+            StoreError: as COMMIT would (judged as a handler's statement).
+        """
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        """A nested transaction: an exception inside rolls back only its work.
+
+        Database errors inside (the handler's) are translated to
+        :class:`~kinbox.errors.StoreError`, transient only for an outage
+        (:func:`kinbox.store.errors.transient` with ``own=False``).
+        """
+
+    def unguarded(self) -> AbstractContextManager[None]:
+        """Handler code without a savepoint: cheaper, but a failure spoils the transaction.
+
+        Database errors inside are translated as in :meth:`savepoint`.
+
+        Raises:
+            StoreError: also when the block ends normally but left the
+                transaction aborted (a handler swallowed a database error),
+                so the failure is blamed on that handler, never on a later one.
+        """
+
+    def outage(self, exc: BaseException) -> StoreError | None:
+        """The database outage behind ``exc`` (what a handler raised), or ``None``.
+
+        A handler works on the raw connection, so a server restart surfaces as
+        whatever it raises, often the driver's own error or one chained to it.
+        Such a failure says nothing about the event: the batch is retried
+        without counting a try. The store knows its driver's error codes, so
+        the core never has to.
+        """
+
+
+class InboxStore(Protocol):
+    """Where the inbox keeps ``processed_events``."""
+
+    def transaction(self) -> AbstractContextManager[InboxTransaction]:
+        """Open a transaction; it commits when the block exits normally.
+
+        Raises:
+            StoreError: from the database (``transient`` says whether to retry).
+                An error of COMMIT itself (a deferred constraint, a constraint
+                trigger) is judged as a handler's statement would be.
+        """
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+def first_occurrences(events: Sequence[Event]) -> list[Event]:
+    """Return ``events`` without later repeats of an id (first occurrence wins)."""
+    seen: set[str] = set()
+    out = []
+    for event in events:
+        if event.id not in seen:
+            seen.add(event.id)
+            out.append(event)
+    return out
