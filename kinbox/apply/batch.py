@@ -54,8 +54,7 @@ from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
 from kinbox.apply.dispatch import Dispatcher
 from kinbox.apply.narrow import Plan, Refused, Settlement, Tally
-from kinbox.apply.outcome import BatchResult as BatchResult  # its old home: re-exported
-from kinbox.apply.outcome import Failure
+from kinbox.apply.outcome import BatchResult, Failure
 from kinbox.apply.route import Route
 from kinbox.consume.envelope import Record, derived_event, to_event
 from kinbox.errors import EnvelopeError, StoreError, TransportError

@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from kinbox.apply.batch import BatchResult
+from kinbox.apply.outcome import BatchResult
 from kinbox.consume.envelope import Record
 from kinbox.kafka.base import Partition, Transport
 

@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable, Mapping
 
 from kinbox.app import App
-from kinbox.apply.batch import BatchProcessor, BatchResult
+from kinbox.apply.batch import BatchProcessor
+from kinbox.apply.outcome import BatchResult
 from kinbox.apply.policy import FailurePolicy, RetryPolicy
 from kinbox.config import Settings
 from kinbox.consume.backoff import Backoff

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kinbox.apply.batch import BatchResult
     from kinbox.apply.deadletter import Letter
+    from kinbox.apply.outcome import BatchResult
     from kinbox.consume.envelope import Record
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from kinbox.describe import describe
 from kinbox.middleware.base import Middleware
 
 if TYPE_CHECKING:
-    from kinbox.apply.batch import BatchResult
+    from kinbox.apply.outcome import BatchResult
     from kinbox.consume.envelope import Record
 
 _tracer = trace.get_tracer("kinbox")

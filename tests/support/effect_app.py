@@ -54,7 +54,7 @@ from typing import Any
 from psycopg import sql
 
 from kinbox import App, Event, Middleware
-from kinbox.apply.batch import BatchResult
+from kinbox.apply.outcome import BatchResult
 from kinbox.consume.envelope import Record
 
 TOPIC = os.environ.get("FAULT_TOPIC", "fault-test")

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.apply.batch import BatchResult
 from kinbox.apply.deadletter import Letter
+from kinbox.apply.outcome import BatchResult
 from kinbox.config import Settings
 from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
