@@ -33,17 +33,11 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from psycopg import sql
 
+from tests.support.database import prepare_schema
 from tests.support.invariants import OffsetSampler, Outcome, assert_invariants, check_invariants
 from tests.support.records import Headers, Produced, committed, produce, produce_plan
-from tests.support.workers import (
-    Worker,
-    WorkerFactory,
-    drain,
-    prepare_schema,
-    read_deliveries,
-    wait_for,
-    workers,
-)
+from tests.support.waiting import wait_for
+from tests.support.workers import Worker, WorkerFactory, drain, read_deliveries, workers
 
 SEED_ENV = "KINBOX_FAULT_SEED"
 LONG_ENV = "KINBOX_FAULTS_LONG"

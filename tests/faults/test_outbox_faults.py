@@ -25,16 +25,16 @@ from psycopg import sql
 
 from kinbox.devstack.stack import Stack
 from tests.faults.conftest import Faults
-from tests.integration.outbox_support import (
+from tests.support.outbox import (
     Received,
     consume,
     count,
     enqueue_many,
     migrate_outbox,
     relay_process,
-    wait_for,
 )
 from tests.support.records import Produced
+from tests.support.waiting import wait_for
 
 
 def _first_deliveries_in_key_order(received: list[Received]) -> None:

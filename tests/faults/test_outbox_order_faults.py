@@ -33,16 +33,10 @@ from kinbox.devstack.stack import Stack
 from producer_outbox.lanes import LaneOwner
 from producer_outbox.writer import enqueue
 from tests.faults.conftest import Faults, Run
-from tests.integration.outbox_support import (
-    Conn,
-    Received,
-    consume,
-    count,
-    migrate_outbox,
-    relay_process,
-    wait_for,
-)
+from tests.support.database import Conn
+from tests.support.outbox import Received, consume, count, migrate_outbox, relay_process
 from tests.support.records import Produced
+from tests.support.waiting import wait_for
 
 KEYS = ("order-1", "order-2", "order-3")
 SLOTS = 4

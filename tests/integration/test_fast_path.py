@@ -13,7 +13,8 @@ from kinbox.apply.batch import BatchProcessor
 from kinbox.devstack.stack import Stack
 from kinbox.event import Event
 from kinbox.store.postgres import PostgresInboxStore
-from tests.integration.inbox_support import Conn, effects, prepare_schema
+from tests.integration.inbox_support import effects
+from tests.support.database import Conn, prepare_schema
 from tests.unit.fakes import FakePublisher, record
 
 

@@ -24,7 +24,6 @@ from confluent_kafka.admin import AdminClient
 
 # (re-exported by confluent_kafka.admin, but not in a way mypy --strict accepts)
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
-from confluent_kafka.cimpl import NewTopic
 from psycopg import sql
 
 from kinbox.config import Settings
@@ -39,15 +38,11 @@ from producer_outbox.relay import Relay
 from producer_outbox.writer import enqueue
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import effect_app, header, running, statuses
-from tests.integration.inbox_support import (
-    Conn,
-    committed,
-    effects,
-    prepare_schema,
-    settings,
-    wait_for,
-)
-from tests.integration.outbox_support import consume, migrate_outbox, relay_config
+from tests.integration.inbox_support import committed, effects, settings
+from tests.support.database import Conn, prepare_schema
+from tests.support.outbox import consume, migrate_outbox, relay_config
+from tests.support.topics import create_topic
+from tests.support.waiting import wait_for
 
 GAPLESS = {"enable.gapless.guarantee": "true"}
 LIMIT = 1024
@@ -55,10 +50,7 @@ LIMIT = 1024
 
 
 def small_topic(stack: Stack, name: str) -> str:
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
-    topic = NewTopic(name, 1, 1, config={"max.message.bytes": str(LIMIT)})
-    admin.create_topics([topic])[name].result(30)
-    return name
+    return create_topic(stack.bootstrap_servers, name, 1, config={"max.message.bytes": str(LIMIT)})
 
 
 def raise_limit(stack: Stack, topic: str) -> None:

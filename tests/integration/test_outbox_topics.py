@@ -11,8 +11,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 from psycopg import sql
 
 from kinbox.devstack.kafka import KafkaBroker
@@ -20,16 +18,17 @@ from kinbox.devstack.stack import Stack
 from kinbox.errors import ServiceError
 from producer_outbox.writer import enqueue
 from tests.conftest import cannot_start
-from tests.integration.outbox_support import (
-    Conn,
+from tests.support.database import Conn
+from tests.support.outbox import (
     consume,
     count,
     migrate_outbox,
     outbox_command,
     outbox_rows,
     running_relay,
-    wait_for,
 )
+from tests.support.topics import create_topic
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +45,7 @@ def strict_broker() -> Iterator[KafkaBroker]:
 
 
 def _create(broker: KafkaBroker, name: str) -> None:
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-    admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=1)])[name].result(30)
+    create_topic(broker.bootstrap_servers, name, partitions=2)
 
 
 def _failures(db: Conn, schema: str, topic: str) -> int:
