@@ -113,9 +113,9 @@ class BatchProcessor:
         self._store = store
         self._id_headers = tuple(id_headers)
         self._publisher: Publisher = publisher or _NoPublisher()
-        self._dispatcher = Dispatcher(consumer, max_attempts)
-        self._missing_id = missing_id
         self._chain = Chain(middleware)
+        self._dispatcher = Dispatcher(consumer, max_attempts, self._chain)
+        self._missing_id = missing_id
         self._limits = dict(dead_letter_limits or {})
 
     def process(self, records: Sequence[Record], attempt: int = 1) -> BatchResult:
@@ -128,11 +128,16 @@ class BatchProcessor:
                 at the failed record.
 
         Raises:
-            Exception: what a middleware's ``before_batch`` raised.
+            Exception: what a middleware's ``before_batch`` raised (or a bug);
+                every ``after_batch`` whose ``before_batch`` ran has been told.
         """
         topic, partition = records[0].topic, records[0].partition
         self._chain.before_batch(topic, partition, records)
-        result = self._process(records, attempt)
+        try:
+            result = self._process(records, attempt)
+        except BaseException as exc:
+            self._chain.after_batch(topic, partition, records, BatchResult(None), exc)
+            raise
         for letter in result.letters:
             self._chain.after_dead_letter(letter)
         self._chain.after_batch(topic, partition, records, result)

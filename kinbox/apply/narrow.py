@@ -50,8 +50,7 @@ from typing import Literal
 
 from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
-from kinbox.apply.dispatch import Abandoned, HandlerFailed, Verdict
-from kinbox.apply.outcome import BatchResult, Failure
+from kinbox.apply.outcome import Abandoned, BatchResult, Failure, HandlerFailed, Verdict
 from kinbox.consume.envelope import Record, derived_event, derived_id, unstorable_id
 from kinbox.errors import EnvelopeError, StoreError, TransportError
 from kinbox.event import Event

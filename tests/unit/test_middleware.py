@@ -41,7 +41,12 @@ class Recorder(Middleware):
             raise RuntimeError("broken dead-letter hook")
 
     def after_batch(
-        self, topic: str, partition: int, records: Sequence[Record], result: BatchResult
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[Record],
+        result: BatchResult,
+        error: BaseException | None,
     ) -> None:
         self.calls.append(f"{self.name}.after {result.applied} {result.next_offset}")
         if self.fail_after:
