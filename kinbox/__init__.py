@@ -3,6 +3,40 @@
 Register handlers with :func:`handler` (or :meth:`App.handler`), run them with
 ``kinbox worker module[:app]``; see the README for the guarantees.
 
+The layout follows a record through the worker::
+
+    kafka.base ──► consume ──────────► apply ──────────────► store.base
+    (seam)         envelope, runner,   route, kinds, batch,   (seam)
+    kafka.*        inflight, offsets,  dispatch, narrow,      store.postgres,
+    (confluent-    backoff             deadletter, policy,    errors, schema,
+     kafka)                            outcome                migrations,
+                                                              retention (psycopg)
+
+================  ==============================================================
+``app``           :class:`App`, :func:`handler`: the registry (no I/O)
+``event``         :class:`Event`, what a handler receives
+``config``        :class:`Settings`: flags > env > app > defaults
+``errors``        the one error tree (shared with ``producer_outbox``)
+``names``         identifier and topic-name validation (shared)
+``failpoints``    crash points for the fault tests (shared)
+``describe``      exceptions and values as safe, bounded text
+``consume/``      the poll loop, up to a partition batch: driver-free
+``apply/``        one partition batch in one transaction: driver-free
+``store/``        the inbox store seam and PostgreSQL behind it
+``kafka/``        the Kafka seam and confluent-kafka behind it
+``middleware/``   layers around workers, batches and handler calls; telemetry
+``ops/``          the worker process: signals, shutdown, ``--processes N``
+``cli/``          the ``kinbox`` command, one module per command group
+``testing/``      fakes of the seams, for users' tests and ours
+``devstack/``     the local Kafka + PostgreSQL (+ Connect) launcher
+``bench/``        the benchmark harness behind ``kinbox bench``
+================  ==============================================================
+
+Only ``kafka/`` imports confluent-kafka, only ``store/`` (and
+``producer_outbox``) psycopg, only ``middleware.telemetry`` OpenTelemetry;
+``tests/unit/test_layering.py`` checks that the core loads none of them and
+that no import circle forms.
+
 The names below load on first use (PEP 562), so importing one submodule —
 ``kinbox.errors`` from ``producer_outbox``, say — does not drag in the
 consumer's modules, confluent-kafka or OpenTelemetry.
