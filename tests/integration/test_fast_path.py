@@ -13,8 +13,8 @@ from kinbox.apply.batch import BatchProcessor
 from kinbox.devstack.stack import Stack
 from kinbox.event import Event
 from kinbox.store.postgres import PostgresInboxStore
+from kinbox.testing import FakePublisher, record
 from tests.integration.inbox_support import Conn, effects, prepare_schema
-from tests.unit.fakes import FakePublisher, record
 
 
 def test_a_handler_that_swallows_a_database_error_is_blamed_for_it(
