@@ -11,6 +11,7 @@ from psycopg import sql
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
 from kinbox.devstack.stack import Stack
+from kinbox.errors import DeadLetter
 from kinbox.event import Event
 from kinbox.store.postgres import PostgresInboxStore
 from kinbox.testing import FakePublisher, record
@@ -54,3 +55,42 @@ def test_a_handler_that_swallows_a_database_error_is_blamed_for_it(
     assert headers["kinbox.dlq.offset"] == "1"
     assert headers["kinbox.dlq.error.type"] == "StoreError"
     assert "aborted" in headers["kinbox.dlq.error.message"]
+
+
+def test_a_handler_that_swallows_a_database_error_under_a_savepoint_is_blamed_alone(
+    stack: Stack, schema: str, db: Conn
+) -> None:
+    # Given a batch that goes the careful way (a dead letter in it), with a handler
+    # that catches a database error and returns, and a healthy event after it
+    prepare_schema(stack.database_url, schema)
+    insert = sql.SQL(
+        'INSERT INTO {}.effects (consumer, event_id, topic, partition, "offset", pid)'
+        " VALUES ('g', %s, %s, %s, %s, 0)"
+    ).format(sql.Identifier(schema))
+    app = App(group_id="g", middleware=[])
+
+    @app.handler("t", max_attempts=1)
+    def apply(event: Event, tx: Any) -> None:
+        if event.id == "poison":
+            raise DeadLetter("poison")
+        if event.id == "swallow":
+            with contextlib.suppress(psycopg.errors.DivisionByZero):
+                tx.execute("SELECT 1/0")
+            return
+        tx.execute(insert, (event.id, event.topic, event.partition, event.offset))
+
+    store = PostgresInboxStore(stack.database_url, schema=schema, consumer="g")
+    store.open()
+    publisher = FakePublisher()
+    processor = BatchProcessor(app.routes, store, ["event-id"], publisher=publisher, consumer="g")
+    ids = ["a", "poison", "b", "swallow", "c"]
+    try:
+        result = processor.process([record("t", 0, o, i) for o, i in enumerate(ids)])
+    finally:
+        store.close()
+    # Then only the two culprits are dead-lettered: the savepoint rolled back the
+    # aborted work, so the event after the swallowing one was not blamed for it
+    assert (result.next_offset, result.applied, result.dead_lettered) == (5, 3, 2)
+    assert [row[1] for row in effects(db, schema)] == ["a", "b", "c"]
+    assert [publisher.headers(i)["kinbox.dlq.offset"] for i in range(2)] == ["1", "3"]
+    assert "left the transaction aborted" in publisher.headers(1)["kinbox.dlq.error.message"]
