@@ -33,10 +33,11 @@ class FakeTransport:
     ``retriable=False`` one is the broker refusing a commit after the group
     moved on).
 
-    Unlike a real consumer, :meth:`subscribe` assigns every partition of the
-    topics that exist at once (calling ``on_assigned`` from inside
-    ``subscribe``, not from the next :meth:`poll`), and :meth:`poll` never
-    waits: it returns what there is, partition by partition.
+    As a real consumer does, the first :meth:`poll` after :meth:`subscribe`
+    assigns (``on_assigned``, from inside the poll) every partition the
+    topics have then. Unlike a real one, :meth:`poll` never waits: it returns
+    what there is, partition by partition, and a partition created after that
+    first poll is never assigned unless a test calls :meth:`assign`.
     """
 
     def __init__(self, logs: Mapping[Partition, list[Record]] | None = None) -> None:
@@ -53,6 +54,7 @@ class FakeTransport:
         self.commit_errors: list[TransportError] = []
         self.listener: RebalanceListener | None = None
         """The listener given to :meth:`subscribe`."""
+        self._joining: list[Partition] = []  # assigned by the next poll
         self.closed = False
 
     def append(self, record: Record) -> None:
@@ -81,12 +83,19 @@ class FakeTransport:
 
     # Transport protocol
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
-        """See :meth:`~kinbox.kafka.base.Transport.subscribe`; assigns at once (see above)."""
+        """See :meth:`~kinbox.kafka.base.Transport.subscribe`; the next poll assigns."""
         self.listener = listener
-        self.assign(sorted(tp for tp in self.logs if tp[0] in topics))
+        self._joining = sorted(tp for tp in self.logs if tp[0] in topics)
 
     def poll(self, max_messages: int, timeout: float) -> list[Record]:
         """See :meth:`~kinbox.kafka.base.Transport.poll`; never waits."""
+        if self._joining:
+            # Like the group's first rebalance: the callback runs inside poll().
+            joining, self._joining = self._joining, []
+            # A test may have assigned some by hand in between: not twice.
+            joining = [tp for tp in joining if tp not in self.assigned]
+            if joining:
+                self.assign(joining)
         out: list[Record] = []
         for tp in sorted(self.assigned - self.paused):
             log = self.logs.get(tp, [])
