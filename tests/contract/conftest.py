@@ -13,6 +13,14 @@ from collections.abc import Iterator
 import pytest
 
 from kinbox.devstack.stack import Stack
+from tests.contract.kafka_sides import (
+    FakePublisherSide,
+    FakeTransportSide,
+    KafkaPublisherSide,
+    KafkaTransportSide,
+    PublisherSide,
+    TransportSide,
+)
 from tests.contract.store_sides import FakeSide, PostgresSide, StoreSide
 
 REAL = pytest.mark.integration
@@ -28,3 +36,26 @@ def inbox(request: pytest.FixtureRequest) -> Iterator[StoreSide]:
     schema: str = request.getfixturevalue("schema")
     with PostgresSide.running(stack.database_url, schema) as side:
         yield side
+
+
+@pytest.fixture(params=["fake", pytest.param("kafka", marks=REAL)])
+def consumer(request: pytest.FixtureRequest) -> Iterator[TransportSide]:
+    """A transport side, fake or a real group member on the test broker."""
+    if request.param == "fake":
+        yield FakeTransportSide()
+        return
+    stack: Stack = request.getfixturevalue("stack")
+    with KafkaTransportSide.running(stack.bootstrap_servers) as side:
+        yield side
+
+
+@pytest.fixture(params=["fake", pytest.param("kafka", marks=REAL)])
+def producer(request: pytest.FixtureRequest) -> Iterator[PublisherSide]:
+    """A publisher side, fake or a real producer on the test broker."""
+    if request.param == "fake":
+        yield FakePublisherSide()
+        return
+    stack: Stack = request.getfixturevalue("stack")
+    side = KafkaPublisherSide(stack.bootstrap_servers)
+    yield side
+    side.publisher.close()
