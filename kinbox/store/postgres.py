@@ -26,7 +26,7 @@ from kinbox.event import Event
 from kinbox.names import sql_identifier
 from kinbox.store import migrations
 from kinbox.store.base import InboxTransaction, first_occurrences
-from kinbox.store.errors import transient_cause, translate
+from kinbox.store.errors import left_aborted, transient_cause, translate
 from kinbox.store.schema import INBOX
 
 
@@ -204,11 +204,7 @@ class _PostgresTransaction:
         """Blame the handler that returned normally but left the transaction aborted."""
         # libpq tracks the status locally: no round trip.
         if self._conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            raise StoreError(
-                "InFailedSqlTransaction: the handler returned normally but left the "
-                "transaction aborted (did it catch a database error and carry on?)",
-                transient=False,
-            )
+            raise left_aborted()
 
     def outage(self, exc: BaseException) -> StoreError | None:
         return transient_cause(exc)

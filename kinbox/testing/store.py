@@ -22,7 +22,7 @@ from kinbox.describe import storable
 from kinbox.errors import StoreError
 from kinbox.event import Event
 from kinbox.store.base import first_occurrences
-from kinbox.store.errors import transient_cause, translate
+from kinbox.store.errors import left_aborted, transient_cause, translate
 
 
 def _aborted() -> StoreError:
@@ -30,15 +30,6 @@ def _aborted() -> StoreError:
     return StoreError(
         "InFailedSqlTransaction: current transaction is aborted, commands ignored until end "
         "of transaction block",
-        transient=False,
-    )
-
-
-def _left_aborted() -> StoreError:
-    """What the real store says when a handler's block ends with the transaction aborted."""
-    return StoreError(
-        "InFailedSqlTransaction: the handler returned normally but left the "
-        "transaction aborted (did it catch a database error and carry on?)",
         transient=False,
     )
 
@@ -152,7 +143,7 @@ class FakeTransaction:
         if self.connection.aborted:
             # As the real store does: roll back to the savepoint, blame this block.
             self._roll_back_to(mark)
-            raise _left_aborted()
+            raise left_aborted()
 
     @contextmanager
     def unguarded(self) -> Iterator[None]:
@@ -163,7 +154,7 @@ class FakeTransaction:
         except psycopg.Error as exc:
             raise translate(exc, own=False) from exc
         if self.connection.aborted:
-            raise _left_aborted()
+            raise left_aborted()
 
     def outage(self, exc: BaseException) -> StoreError | None:
         """See :meth:`~kinbox.store.base.InboxTransaction.outage` (the real store's rule)."""
