@@ -59,3 +59,19 @@ def test_importing_producer_outbox_loads_no_consumer_module() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_kinbox_testing_exports_every_fake_documented_and_loads_no_kafka_client() -> None:
+    # Given a fresh interpreter, when a user's test imports the fakes, then
+    # the names are sorted, complete and documented, and librdkafka stays unloaded.
+    code = (
+        "import sys, types, kinbox.testing as t\n"
+        "public = {n for n, v in vars(t).items()\n"
+        "          if not n.startswith('_') and not isinstance(v, types.ModuleType)}\n"
+        "print(t.__all__ == sorted(t.__all__), public == set(t.__all__),\n"
+        "      all(getattr(t, n).__doc__ for n in t.__all__), 'confluent_kafka' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == ["True", "True", "True", "False"], out.stderr

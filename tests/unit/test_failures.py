@@ -18,8 +18,7 @@ from kinbox.consume.envelope import Record, event_id
 from kinbox.consume.runner import Runner
 from kinbox.errors import DeadLetter, EnvelopeError, Retry, TransportError
 from kinbox.event import Event
-
-from .fakes import FakePublisher, FakeStore, FakeTransport, record
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
 
 pytestmark = pytest.mark.unit
 

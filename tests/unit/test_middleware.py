@@ -18,8 +18,7 @@ from kinbox.errors import ConfigurationError, DeadLetter
 from kinbox.event import Event
 from kinbox.middleware.base import Middleware
 from kinbox.middleware.telemetry import Telemetry
-
-from .fakes import FakePublisher, FakeStore, FakeTransport, record
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
 
 pytestmark = pytest.mark.unit
 

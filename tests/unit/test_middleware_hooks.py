@@ -23,8 +23,7 @@ from kinbox.errors import FatalTransportError
 from kinbox.event import Event
 from kinbox.middleware.base import Middleware, WorkerInfo
 from kinbox.middleware.telemetry import Telemetry
-
-from .fakes import FakePublisher, FakeStore, FakeTransport, record
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
 
 pytestmark = pytest.mark.unit
 
