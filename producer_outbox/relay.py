@@ -67,12 +67,12 @@ from typing import Any
 
 import psycopg
 
+from kinbox.failpoints import failpoint
 from producer_outbox import claim as store
 from producer_outbox import topics
 from producer_outbox.batch import Settlement, publish, settle
 from producer_outbox.cleanup import delete_sent
 from producer_outbox.config import RelayConfig
-from producer_outbox.failpoints import Failpoints
 from producer_outbox.lanes import LaneOwner
 from producer_outbox.publisher import Publisher
 from producer_outbox.records import to_record
@@ -94,12 +94,10 @@ class Relay:
         publisher: Publisher,
         *,
         connect: Callable[[], Connection] | None = None,
-        failpoints: Failpoints | None = None,
     ) -> None:
         self.config = config.validate()
         self._publisher = publisher
         self._connect = connect or (lambda: psycopg.connect(config.database_url, autocommit=True))
-        self._failpoints = failpoints or Failpoints()
         self._stopping = False
         self._next_cleanup = time.monotonic()  # first cleanup right after start
         # Rounds of the lanes in a row that met an outage and reached Kafka with
@@ -181,7 +179,7 @@ class Relay:
             records = [to_record(row, source=self.config.source) for row in rows]
             outcomes = publish(self._publisher, rows, records)
             # Crash test: acked by Kafka, not yet marked: a restart must re-publish.
-            self._failpoints.hit("relay_after_publish")
+            failpoint("relay_after_publish")
             result = settle(
                 rows, outcomes, self.config, outage_delay=self.config.backoff(self._outages)
             )
