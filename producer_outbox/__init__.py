@@ -28,8 +28,9 @@ The modules, along the flow of a row:
 ================  ==========================================================
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kinbox.lazy import exports as _exports
 
 if TYPE_CHECKING:
     from kinbox.errors import PayloadError
@@ -75,15 +76,4 @@ _SOURCES = {
     "read_status": "producer_outbox.status",
 }
 
-
-def __getattr__(name: str) -> Any:
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module 'producer_outbox' has no attribute {name!r}")
-    value = getattr(importlib.import_module(source), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _exports(__name__, _SOURCES)
