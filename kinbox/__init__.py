@@ -18,7 +18,8 @@ The layout follows a record through the worker::
 ``config``        :class:`Settings`: flags > env > app > defaults
 ``errors``        the one error tree (shared with ``producer_outbox``)
 ``names``         identifier and topic-name validation (shared)
-``failpoints``    crash points for the fault tests (shared)
+``failpoints``    crash points for the fault tests, one grammar (shared)
+``lazy``          names that load on first use, for ``__init__`` files (shared)
 ``describe``      exceptions and values as safe, bounded text
 ``consume/``      the poll loop, up to a partition batch: driver-free
 ``apply/``        one partition batch in one transaction: driver-free
