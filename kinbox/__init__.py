@@ -18,7 +18,8 @@ The layout follows a record through the worker::
 ``config``        :class:`Settings`: flags > env > app > defaults
 ``errors``        the one error tree (shared with ``producer_outbox``)
 ``names``         identifier and topic-name validation (shared)
-``failpoints``    crash points for the fault tests (shared)
+``failpoints``    crash points for the fault tests, one grammar (shared)
+``lazy``          names that load on first use, for ``__init__`` files (shared)
 ``describe``      exceptions and values as safe, bounded text
 ``consume/``      the poll loop, up to a partition batch: driver-free
 ``apply/``        one partition batch in one transaction: driver-free
@@ -42,8 +43,9 @@ The names below load on first use (PEP 562), so importing one submodule —
 consumer's modules, confluent-kafka or OpenTelemetry.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kinbox.lazy import exports as _exports
 
 if TYPE_CHECKING:
     from kinbox.app import App, default_app, handler
@@ -111,15 +113,4 @@ _SOURCES = {
     "handler": "kinbox.app",
 }
 
-
-def __getattr__(name: str) -> Any:
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module 'kinbox' has no attribute {name!r}")
-    value = getattr(importlib.import_module(source), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _exports(__name__, _SOURCES)
