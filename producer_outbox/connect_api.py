@@ -78,6 +78,17 @@ class ConnectClient:
             raise ConnectorError(f"cannot reach Kafka Connect at {self.url}: {exc}") from exc
         return json.loads(text) if text else None
 
+    def version(self) -> str:
+        """The Kafka Connect version of the worker answering."""
+        return str((self._call("GET", "/") or {}).get("version", "unknown"))
+
+    def plugins(self) -> dict[str, str]:
+        """The connector plugins the worker has: class → version."""
+        return {
+            str(plugin.get("class")): str(plugin.get("version"))
+            for plugin in self._call("GET", "/connector-plugins") or []
+        }
+
     def names(self) -> list[str]:
         """The connectors the cluster runs."""
         return [str(name) for name in self._call("GET", "/connectors")]
@@ -143,21 +154,14 @@ class ConnectClient:
         return self._wait(name, "RUNNING", lambda s: s.running, timeout, clock, sleep)
 
     def wait_stopped(
-        self,
-        name: str,
-        *,
-        timeout: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        self, name: str, *, timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep
     ) -> ConnectorState:
         """Poll until the connector is STOPPED (after :meth:`stop`: its tasks are gone).
 
         Raises:
             ConnectorError: a FAILED state (with Connect's error), or ``timeout``.
         """
-        return self._wait(
-            name, "STOPPED", lambda s: s.connector == "STOPPED", timeout, clock, sleep
-        )
+        return self._wait(name, "STOPPED", _stopped, timeout, time.monotonic, sleep)
 
     def _wait(
         self,
@@ -214,6 +218,10 @@ def register(
         if previous is not None and previous.failed:
             client.restart(name)
     return created, client.wait_running(name, timeout=timeout)
+
+
+def _stopped(state: ConnectorState) -> bool:
+    return state.connector == "STOPPED"
 
 
 def _first_lines(trace: object) -> str:
