@@ -343,6 +343,13 @@ def test_heartbeat_moves_the_slot_on_a_quiet_outbox(
 ) -> None:
     migrate(db, schema, [OUTBOX])
     with outbox_connector(connect, stack.database_url, schema, heartbeat_ms=500) as cdc:
+        # The connector's publication holds the outbox table alone, so the
+        # server decodes nothing else for its slot (the scratch table below included)
+        published = db.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+            (cdc.slot,),
+        ).fetchall()
+        assert published == [(schema, "outbox")]
         # Given nothing written to the outbox, but WAL written elsewhere
         write_wal(db, schema, megabytes=2)
         target = cdc.slot_row()[3]
