@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import KafkaException
 
-from kinbox.bench import loaded, outbox, runs, workload
+from kinbox.bench import cdc, loaded, outbox, runs, workload
 from kinbox.bench.contenders import Contender
 from kinbox.bench.context import Context
 from kinbox.bench.progress import Bar
@@ -52,11 +52,25 @@ def chosen(scenario: Scenario, contenders: Sequence[Contender]) -> list[Contende
     return [c for c in contenders if c.name in scenario.contenders]
 
 
-def plan_size(scenarios: Sequence[Scenario], contenders: Sequence[Contender], sizes: Sizes) -> int:
-    """How many runs the plan holds (for the progress bar)."""
+NO_CONNECT = (
+    "outbox · debezium: no Kafka Connect URL (kinbox bench --connect-url URL, or "
+    "KINBOX_CONNECT_URL), so the relay ran alone"
+)
+"""The report's line when the CDC contender cannot run."""
+
+
+def plan_size(
+    scenarios: Sequence[Scenario],
+    contenders: Sequence[Contender],
+    sizes: Sizes,
+    *,
+    with_cdc: bool,
+) -> int:
+    """How many runs the plan holds (for the progress bar); ``with_cdc``: Debezium runs too."""
+    publishers = 2 if with_cdc else 1
     count = 0
     for scenario in scenarios:
-        runners = 1 if scenario.kind == "outbox" else len(chosen(scenario, contenders))
+        runners = publishers if scenario.kind == "outbox" else len(chosen(scenario, contenders))
         variants = 2 if scenario.kind == "large" else 1
         count += scenario.repeats(sizes.repeat) * runners * variants
     return count
@@ -97,7 +111,10 @@ class Harness:
                 )
         self.namespace = Namespace(target)
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="kinbox-bench-"))
-        self.bar = Bar(plan_size(self.scenarios, self.contenders, sizes)) if stream_bar else None
+        planned = plan_size(
+            self.scenarios, self.contenders, sizes, with_cdc=bool(target.connect_url)
+        )
+        self.bar = Bar(planned) if stream_bar else None
         self.ctx = Context(target, self.namespace, sizes, self.log_dir, tick=self._tick)
 
     def _tick(self, fraction: float) -> None:
@@ -134,8 +151,21 @@ class Harness:
         runners = chosen(scenario, self.contenders)
         repeat = scenario.repeats(self.sizes.repeat)
         if scenario.kind == "outbox":
+            # The relay first, then Debezium on the same table: each alone on
+            # the database while it is timed (no slot decodes the relay's run).
+            with_cdc = bool(self.target.connect_url)
             for rep in range(repeat):
-                self._execute(f"outbox · rep {rep + 1}", "outbox", "relay", rep, self._outbox(rep))
+                self._execute(
+                    f"outbox · relay · rep {rep + 1}", "outbox", "relay", rep, self._outbox(rep)
+                )
+                if with_cdc:
+                    self._execute(
+                        f"outbox · debezium · rep {rep + 1}", "outbox", "debezium", rep,
+                        self._cdc(rep),
+                    )  # fmt: skip
+            if not with_cdc:
+                self.outcome.skipped.append(NO_CONNECT)
+                self._say(NO_CONNECT)
             return
         if not runners:
             return
@@ -206,6 +236,9 @@ class Harness:
 
     def _outbox(self, rep: int) -> Callable[[], list[RunResult]]:
         return lambda: outbox.run(self.ctx, self.namespace.schema(), rep)
+
+    def _cdc(self, rep: int) -> Callable[[], list[RunResult]]:
+        return lambda: cdc.run(self.ctx, self.namespace.schema(), rep)
 
     def _run(self, scenario: Scenario, job: runs.Job, index: int) -> Callable[[], list[RunResult]]:
         return lambda: [self._dispatch(scenario, job, index)]

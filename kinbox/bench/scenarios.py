@@ -22,7 +22,9 @@ latency    1k events/s offered to a running member; produce → effect
            committed, p50/p99.
 memory     a backlog of 1 KB events: peak RSS of the consumer process.
 outbox     the outbox relay: a backlog's throughput, and commit → consumer
-           latency woken by LISTEN/NOTIFY and by polling only.
+           latency woken by LISTEN/NOTIFY and by polling only; then the same
+           table published by Debezium (CDC) through Kafka Connect, when the
+           target has a Connect URL.
 ========== ===================================================================
 
 Which contenders: every one runs the consumer scenarios, except that the
@@ -30,8 +32,8 @@ inbox-off contender has no claim to slow down in ``large``; a contender whose
 clean-stream rate in the same run is below the offered load is left out of
 ``latency`` (said so in the report), because its latency would only measure
 its queue; ``memory`` compares kinbox with the ceiling only (the
-slow contenders would take minutes); ``outbox`` is the relay's alone — none of
-the others has one.
+slow contenders would take minutes); ``outbox`` is the relay's and
+Debezium's — none of the consumers has one.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from dataclasses import dataclass
 from kinbox.bench.contenders import CONTENDERS
 
 ALL = tuple(c.name for c in CONTENDERS)
+
+OUTBOX_CONTENDERS = ("relay", "debezium")
+"""What publishes the outbox scenario's rows: ``kinbox outbox relay``, and Debezium (CDC)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,10 @@ SCENARIOS: tuple[Scenario, ...] = (
         "memory", "backlog of 1 KB events (peak RSS)", "steady",
         contenders=("kinbox-each", "kinbox-batch", "ceiling"), pad=1000, repeat=1,
     ),
-    Scenario("outbox", "outbox relay", "outbox", contenders=("relay",), repeat=1),
+    Scenario(
+        "outbox", "outbox: relay and Debezium (CDC)", "outbox",
+        contenders=OUTBOX_CONTENDERS, repeat=1,
+    ),
 )  # fmt: skip
 """Every scenario, in report order."""
 

@@ -6,6 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from kinbox.bench import report
+from kinbox.bench.cdc import Arrival, check_backlog
 from kinbox.bench.command import bench
 from kinbox.bench.effects import CheckFailed, Tally, gap
 from kinbox.bench.harness import Outcome
@@ -117,7 +118,7 @@ def test_cli_help_lists_the_options_a_user_needs() -> None:
     result = CliRunner().invoke(bench, ["--help"])
     assert result.exit_code == 0
     for option in ("--bootstrap-servers", "--database-url", "-X", "--scenario", "--events",
-                   "--json", "--quick", "--prefix", "--long"):  # fmt: skip
+                   "--json", "--quick", "--prefix", "--long", "--connect-url"):  # fmt: skip
         assert option in result.output
 
 
@@ -127,3 +128,60 @@ def test_cli_refuses_a_bad_prefix_before_touching_anything() -> None:
     )
     assert result.exit_code == 2
     assert "prefix" in result.output
+
+
+def test_target_connect_url_must_be_an_http_address() -> None:
+    Target("b:9092", "postgresql://x", "kinbox_bench_ab12", connect_url="http://c:8083")
+    for bad in ("c:8083", "ftp://c", "http://"):
+        with pytest.raises(ConfigurationError, match="connect_url"):
+            Target("b:9092", "postgresql://x", "kinbox_bench_ab12", connect_url=bad)
+
+
+def _arrival(event: str, key: str, n: int, offset: int, partition: int = 0) -> Arrival:
+    return Arrival(event, key, n, partition, offset, appended_ms=1000 + offset)
+
+
+def test_debezium_backlog_check_counts_repeats_and_keeps_key_order() -> None:
+    arrived = [
+        _arrival("a", "k0", 0, 0), _arrival("b", "k1", 1, 0, partition=1),
+        _arrival("c", "k0", 2, 1), _arrival("a", "k0", 0, 2),  # a restart re-sent "a"
+    ]  # fmt: skip
+    assert check_backlog({"a", "b", "c"}, arrived) == 1
+
+
+@pytest.mark.parametrize(
+    ("committed", "arrived", "reason"),
+    [
+        ({"a", "b"}, [_arrival("a", "k", 0, 0)], "1 of 2 committed rows never arrived"),
+        ({"a"}, [_arrival("a", "k", 0, 0), _arrival("z", "k", 1, 1)], "1 records of no"),
+        ({"a", "b"}, [_arrival("b", "k", 1, 0), _arrival("a", "k", 0, 1)], "out of commit order"),
+    ],
+    ids=["missing", "foreign", "order"],
+)
+def test_debezium_backlog_check_fails_loudly(
+    committed: set[str], arrived: list[Arrival], reason: str
+) -> None:
+    with pytest.raises(CheckFailed, match=reason):
+        check_backlog(committed, arrived)
+
+
+def test_report_names_the_cdc_runs_and_says_when_it_was_skipped() -> None:
+    from kinbox.bench.harness import NO_CONNECT
+
+    runs = [
+        RunResult("outbox", "relay-backlog", 0, rate=1000.0),
+        RunResult("outbox", "debezium-backlog", 0, rate=4000.0),
+        RunResult("outbox", "debezium-latency", 0, p50_ms=12.0, p99_ms=20.0),
+    ]
+    headline = report.headline(summarise(runs))
+    assert headline["debezium_vs_relay_backlog"] == pytest.approx(4.0)
+    assert headline["debezium_p50_ms"] == 12.0
+    data = {
+        "header": {"kafka": "4", "postgresql": {"version": "15", "fsync": "on",
+                   "synchronous_commit": "on"}, "librdkafka": "2", "confluent_kafka": "2",
+                   "python": "3", "faststream": "0.7", "cores": 2},
+        "headline": headline,
+    }  # fmt: skip
+    text = report.markdown(data, Outcome(results=runs, skipped=[NO_CONNECT]))
+    assert "outbox via Debezium, backlog" in text and "COMMIT → consumer, Debezium" in text
+    assert "--connect-url" in text
