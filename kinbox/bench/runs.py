@@ -138,12 +138,23 @@ def steady(ctx: Context, job: Job) -> RunResult:
     return check(ctx, job, result, job.stage.deliveries)
 
 
+def kill_spacing(deliveries: int, kills: int, commit_size: int) -> int:
+    """After how many database commits each (re)started member is killed.
+
+    A commit covers at most ``commit_size`` events, so ``kills`` kills this
+    far apart all fall before the end of ``deliveries``. (Spaced by the mean
+    commit instead, the later kills missed the end whenever a poll's worth
+    came from one partition.)
+    """
+    return max(1, deliveries // ((kills + 1) * commit_size))
+
+
 def redelivery(ctx: Context, job: Job) -> RunResult:
     """Kill the member between DB commit and offset commit, restart it; repeat ``kills`` times."""
     prepare(ctx, job)
     result = job.result()
     kills = ctx.sizes.kills
-    every = max(1, round(job.stage.deliveries / (kills + 1) / job.contender.commit_size))
+    every = kill_spacing(job.stage.deliveries, kills, job.contender.commit_size)
     armed = f"after_db_commit=kill@{every}"
     # Static membership: the restarted process takes its partitions back at
     # once; a short session ends the group after the last (graceful) stop.
@@ -185,7 +196,14 @@ def redelivery(ctx: Context, job: Job) -> RunResult:
     result.rate, result.peak_rss = progress.rate(), max(peak, child.peak_rss)
     result.seconds = time.monotonic() - started
     result.notes["redelivered"] = redelivered
-    return check(ctx, job, result, job.stage.deliveries + redelivered)
+    check(ctx, job, result, job.stage.deliveries + redelivered)
+    if result.kills < kills:
+        # The topic was done first: the figure would be a clean stream's.
+        raise KinboxError(
+            f"{job.group}: the topic was done after {result.kills} of {kills} kills "
+            "between the database commit and the offset commit"
+        )
+    return result
 
 
 def replay(ctx: Context, job: Job) -> RunResult:
