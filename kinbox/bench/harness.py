@@ -25,7 +25,7 @@ from kinbox.bench.contenders import Contender
 from kinbox.bench.context import Context
 from kinbox.bench.progress import Bar
 from kinbox.bench.resources import Interrupted, Namespace
-from kinbox.bench.results import RunResult
+from kinbox.bench.results import UNTIMED, RunResult
 from kinbox.bench.scenarios import EMPTY, Scenario
 from kinbox.bench.spec import Sizes, Target
 from kinbox.errors import KinboxError
@@ -221,6 +221,8 @@ class Harness:
             done = action()
             for result in done:
                 result.notes["wall_s"] = round(time.monotonic() - started, 1)
+                if UNTIMED in result.notes:
+                    self.outcome.skipped.append(f"{label}: no figure: {result.notes[UNTIMED]}")
             self.outcome.results += done
         except Interrupted:
             raise
@@ -266,7 +268,9 @@ class Harness:
         if scenario.kind in ("large", "latency"):
             return {}  # a topic per run, made by the run
         sizes = {
-            c.name: self.sizes.backlog_events if scenario.pad else self.sizes.scaled(c.scale)
+            c.name: self.sizes.backlog_events
+            if scenario.pad
+            else self.sizes.scaled(c.scale * scenario.events)
             for c in runners
         }
         full = workload.build(
