@@ -59,6 +59,12 @@ NO_CONNECT = (
 """The report's line when the CDC contender cannot run."""
 
 
+def rotated(runners: Sequence[Contender], rep: int) -> list[Contender]:
+    """The order of repetition ``rep``: shifted by one each time, so none always runs first."""
+    shift = rep % len(runners) if runners else 0
+    return [*runners[shift:], *runners[:shift]]
+
+
 def plan_size(
     scenarios: Sequence[Scenario],
     contenders: Sequence[Contender],
@@ -178,8 +184,7 @@ class Harness:
         # before it, so the two differ in the table and in nothing else.
         variants = (EMPTY, scenario.name) if scenario.kind == "large" else (scenario.name,)
         for rep in range(repeat):
-            order = runners[rep % len(runners) :] + runners[: rep % len(runners)]
-            for contender in order:
+            for contender in rotated(runners, rep):
                 for variant in variants:
                     job = self._job(scenario, contender, rep, stages, variant)
                     label = f"{variant} · {contender.name} · rep {rep + 1}"
