@@ -171,6 +171,11 @@ def new_prefix() -> str:
 )
 @click.option("--prefix", help="Name prefix of everything created (default: a random one).")
 @click.option(
+    "--kafka-version",
+    metavar="VERSION",
+    help="The brokers' version, for the report's header (brokers do not tell clients).",
+)
+@click.option(
     "--json",
     "json_path",
     metavar="PATH",
@@ -186,7 +191,8 @@ def bench(
     bootstrap_servers: str, database_url: str, kafka: tuple[str, ...],
     scenarios: tuple[str, ...], contenders: tuple[str, ...], quick: bool, long_mode: bool,
     connect_url: str | None, connect_database_address: str | None, prefix: str | None,
-    json_path: str | None, out_dir: Path | None, **sizes: int | float | None,
+    kafka_version: str | None, json_path: str | None, out_dir: Path | None,
+    **sizes: int | float | None,
 ) -> None:  # fmt: skip
     """Benchmark duplicate-delivery scenarios on your own Kafka cluster and PostgreSQL.
 
@@ -210,6 +216,7 @@ def bench(
             bootstrap_servers=bootstrap_servers, database_url=database_url,
             prefix=prefix or new_prefix(), kafka=parse_kafka_overrides(kafka),
             connect_url=connect_url or None, connect_database_address=connect_database_address,
+            kafka_version=kafka_version,
         )  # fmt: skip
     except ConfigurationError as exc:
         die(f"configuration error: {exc}", EXIT_CONFIG)

@@ -25,7 +25,7 @@ from kinbox.bench.contenders import Contender
 from kinbox.bench.context import Context
 from kinbox.bench.progress import Bar
 from kinbox.bench.resources import Interrupted, Namespace
-from kinbox.bench.results import RunResult
+from kinbox.bench.results import UNTIMED, RunResult
 from kinbox.bench.scenarios import EMPTY, Scenario
 from kinbox.bench.spec import Sizes, Target
 from kinbox.errors import KinboxError
@@ -57,6 +57,12 @@ NO_CONNECT = (
     "KINBOX_CONNECT_URL), so the relay ran alone"
 )
 """The report's line when the CDC contender cannot run."""
+
+
+def rotated(runners: Sequence[Contender], rep: int) -> list[Contender]:
+    """The order of repetition ``rep``: shifted by one each time, so none always runs first."""
+    shift = rep % len(runners) if runners else 0
+    return [*runners[shift:], *runners[:shift]]
 
 
 def plan_size(
@@ -178,8 +184,7 @@ class Harness:
         # before it, so the two differ in the table and in nothing else.
         variants = (EMPTY, scenario.name) if scenario.kind == "large" else (scenario.name,)
         for rep in range(repeat):
-            order = runners[rep % len(runners) :] + runners[: rep % len(runners)]
-            for contender in order:
+            for contender in rotated(runners, rep):
                 for variant in variants:
                     job = self._job(scenario, contender, rep, stages, variant)
                     label = f"{variant} · {contender.name} · rep {rep + 1}"
@@ -221,6 +226,8 @@ class Harness:
             done = action()
             for result in done:
                 result.notes["wall_s"] = round(time.monotonic() - started, 1)
+                if UNTIMED in result.notes:
+                    self.outcome.skipped.append(f"{label}: no figure: {result.notes[UNTIMED]}")
             self.outcome.results += done
         except Interrupted:
             raise
@@ -266,7 +273,9 @@ class Harness:
         if scenario.kind in ("large", "latency"):
             return {}  # a topic per run, made by the run
         sizes = {
-            c.name: self.sizes.backlog_events if scenario.pad else self.sizes.scaled(c.scale)
+            c.name: self.sizes.backlog_events
+            if scenario.pad
+            else self.sizes.scaled(c.scale * scenario.events)
             for c in runners
         }
         full = workload.build(

@@ -59,7 +59,7 @@ def header(target: Target, sizes: Sizes) -> dict[str, Any]:
             "shared_buffers": show("shared_buffers"),
         }  # fmt: skip
     return {
-        "kafka": target.kafka_version or "not reported (brokers do not tell clients)",
+        "kafka": target.kafka_version or "not given (--kafka-version)",
         "kafka_connect": _connect_versions(target),
         "postgresql": postgres,
         "librdkafka": confluent_kafka.libversion()[0],

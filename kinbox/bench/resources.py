@@ -36,8 +36,14 @@ HEARTBEAT_TOPIC_PREFIX = "__debezium-heartbeat"
 """Debezium's heartbeat topic is ``<this>.<topic.prefix>`` (its ``topic.heartbeat.prefix``)."""
 
 
-class Interrupted(KinboxError):
-    """SIGINT or SIGTERM arrived: stop, remove what was created, exit."""
+class Interrupted(KinboxError, KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived: stop, remove what was created, exit.
+
+    Also a :class:`KeyboardInterrupt`, because that is what psycopg answers by
+    cancelling the statement running on the server. Otherwise a long one (the
+    large scenario's preload of 10M rows) would run on after the interrupt and
+    hold the locks that the cleanup's ``DROP SCHEMA`` waits for.
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted by {signal.Signals(signum).name}")

@@ -104,7 +104,7 @@ class Sizes:
     def quick(cls) -> Sizes:
         """Seconds per run: proves every contender and scenario runs; no figure to quote."""
         return cls(
-            events=300, repeat=1, kills=1, large_rows=20_000, latency_rate=200,
+            events=300, repeat=1, kills=2, large_rows=20_000, latency_rate=200,
             latency_seconds=1.0, backlog_events=600, outbox_rows=300, outbox_samples=5,
             min_events=30,
         )  # fmt: skip
