@@ -1,8 +1,9 @@
 """Records in and out of the real broker: the producer, a topic reader, committed offsets.
 
 The fault suite writes its events here (with delivery reports, so it knows each
-record's partition and offset), reads dead-letter topics back, and reads the
-group's committed offsets from the broker.
+record's partition and offset), reads dead-letter topics back, reads the
+group's committed offsets from the broker, and changes a topic's record size
+limit as an operator would.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+# (re-exported by confluent_kafka.admin, but not in a way mypy --strict accepts)
+from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 
 
 @dataclass(frozen=True)
@@ -206,3 +211,35 @@ def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[i
     finally:
         consumer.close()
     return {tp.partition: tp.offset for tp in parts if tp.offset >= 0}
+
+
+def set_max_message_bytes(bootstrap: str, topic: str, limit: int) -> None:
+    """Set ``topic``'s ``max.message.bytes``, as an operator would.
+
+    The broker applies a topic's configuration asynchronously; a lowered
+    limit is waited for until a record over it is refused. (A raised one is
+    not probed: a probe that is taken would land on the topic.)
+    """
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entry = ConfigEntry(
+        "max.message.bytes", str(limit), incremental_operation=AlterConfigOpType.SET
+    )
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+    deadline = time.monotonic() + 30
+    while limit < 64 * 1024 and not _refuses(bootstrap, topic, b"p" * (limit + 1)):
+        # (the probe was taken: it is on the topic, for a test to tell from a dead letter)
+        assert time.monotonic() < deadline, f"{topic}'s max.message.bytes={limit} never held"
+        time.sleep(0.2)
+
+
+def _refuses(bootstrap: str, topic: str, value: bytes) -> bool:
+    """Whether the broker refuses ``value`` on ``topic`` for its size."""
+    producer = Producer({"bootstrap.servers": bootstrap, "log_level": 3})
+    errors: list[KafkaError] = []
+    producer.produce(topic, value, on_delivery=lambda err, _m: errors.append(err) if err else None)
+    assert producer.flush(30) == 0, f"probe of {topic} not acknowledged"
+    if errors and errors[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+        raise AssertionError(f"probing {topic}: {errors[0]}")
+    return bool(errors)
