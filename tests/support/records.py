@@ -216,9 +216,10 @@ def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[i
 def set_max_message_bytes(bootstrap: str, topic: str, limit: int) -> None:
     """Set ``topic``'s ``max.message.bytes``, as an operator would.
 
-    The broker applies a topic's configuration asynchronously; a lowered
-    limit is waited for until a record over it is refused. (A raised one is
-    not probed: a probe that is taken would land on the topic.)
+    The broker applies a topic's configuration asynchronously, so a lowered
+    limit is waited for: until a probe over it is refused (a probe taken
+    before that is deleted again, so the topic holds only what the test
+    expects). A raised limit is not probed.
     """
     admin = AdminClient({"bootstrap.servers": bootstrap})
     entry = ConfigEntry(
@@ -228,18 +229,22 @@ def set_max_message_bytes(bootstrap: str, topic: str, limit: int) -> None:
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(timeout=30)
     deadline = time.monotonic() + 30
-    while limit < 64 * 1024 and not _refuses(bootstrap, topic, b"p" * (limit + 1)):
-        # (the probe was taken: it is on the topic, for a test to tell from a dead letter)
+    while limit < 64 * 1024 and not _refuses(admin, bootstrap, topic, b"p" * (limit + 1)):
         assert time.monotonic() < deadline, f"{topic}'s max.message.bytes={limit} never held"
         time.sleep(0.2)
 
 
-def _refuses(bootstrap: str, topic: str, value: bytes) -> bool:
-    """Whether the broker refuses ``value`` on ``topic`` for its size."""
+def _refuses(admin: AdminClient, bootstrap: str, topic: str, value: bytes) -> bool:
+    """Whether the broker refuses ``value`` on ``topic`` for its size (if not, delete it)."""
     producer = Producer({"bootstrap.servers": bootstrap, "log_level": 3})
-    errors: list[KafkaError] = []
-    producer.produce(topic, value, on_delivery=lambda err, _m: errors.append(err) if err else None)
+    reports: list[tuple[KafkaError | None, Any]] = []
+    producer.produce(topic, value, partition=0, on_delivery=lambda e, m: reports.append((e, m)))
     assert producer.flush(30) == 0, f"probe of {topic} not acknowledged"
-    if errors and errors[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
-        raise AssertionError(f"probing {topic}: {errors[0]}")
-    return bool(errors)
+    [(err, msg)] = reports
+    if err is not None:
+        assert err.code() == KafkaError.MSG_SIZE_TOO_LARGE, f"probing {topic}: {err}"
+        return True
+    taken = TopicPartition(topic, 0, msg.offset() + 1)
+    for future in admin.delete_records([taken]).values():
+        future.result(timeout=30)
+    return False
