@@ -20,9 +20,8 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from kinbox.devstack.stack import Stack
-from kinbox.event import Event
 from tests.conftest import MakeTopic
-from tests.integration.failure_support import effect_app, running, statuses
+from tests.integration.failure_support import poison_app, running, statuses
 from tests.integration.inbox_support import (
     Conn,
     committed,
@@ -52,11 +51,7 @@ def test_an_undeliverable_dead_letter_holds_only_its_partition_until_the_topic_t
     group = f"g-{uuid.uuid4().hex[:8]}"
     prepare_schema(stack.database_url, schema)
 
-    def before(event: Event) -> None:
-        if event.id == "poison":
-            raise ValueError("cannot be applied")
-
-    app = effect_app(topic, schema, group, before, max_attempts=1)
+    app = poison_app(topic, schema, group, max_attempts=1)
     config = settings(bootstrap, stack.database_url, group, schema)
 
     def plan(items: list[tuple[int, str]]) -> None:

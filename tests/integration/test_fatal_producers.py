@@ -27,7 +27,6 @@ from psycopg import sql
 from kinbox.config import Settings
 from kinbox.devstack.stack import Stack
 from kinbox.errors import TransportError
-from kinbox.event import Event
 from kinbox.kafka import KafkaPublisher as DeadLetterPublisher
 from kinbox.kafka import read_topic
 from producer_outbox.publisher import KafkaPublisher as RelayPublisher
@@ -35,7 +34,7 @@ from producer_outbox.publisher import producer_config
 from producer_outbox.relay import Relay
 from producer_outbox.writer import enqueue
 from tests.conftest import MakeTopic
-from tests.integration.failure_support import effect_app, header, running, statuses
+from tests.integration.failure_support import header, poison_app, running, statuses
 from tests.integration.inbox_support import (
     Conn,
     committed,
@@ -98,11 +97,7 @@ def test_worker_rolls_back_a_dead_letter_lost_to_a_fatal_producer_and_delivers_i
     group = f"g-{uuid.uuid4().hex[:8]}"
     prepare_schema(stack.database_url, schema)
 
-    def before(event: Event) -> None:
-        if event.id == "poison":
-            raise ValueError("cannot be applied")
-
-    app = effect_app(topic, schema, group, before, max_attempts=1)
+    app = poison_app(topic, schema, group, max_attempts=1)
     config = settings(
         stack.bootstrap_servers, stack.database_url, group, schema, kafka_overrides=GAPLESS
     )
