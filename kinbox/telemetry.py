@@ -1,5 +1,12 @@
 """OpenTelemetry as a middleware: a span per partition batch and a few counters.
 
+Counters (label ``topic``, the consumed topic, unless said otherwise):
+``kinbox.events.received``, ``.applied``, ``.duplicate``, ``.dead_lettered``;
+``kinbox.batches.failed`` (and ``kind``: ``handler``, ``store``,
+``dead-letter``, ``envelope``); ``kinbox.dead_letters.undeliverable``, one
+per try whose dead letter the broker did not take (``topic`` the dead-letter
+topic, ``source_topic`` the consumed one).
+
 Only the API is used, so without an SDK configured by the application these
 are no-ops that cost next to nothing. :class:`Telemetry` is installed on
 every :class:`~kinbox.app.App` unless ``App(middleware=[...])`` leaves it out.
@@ -33,7 +40,13 @@ dead_lettered = _meter.create_counter(
     "kinbox.events.dead_lettered", description="records sent to a dead-letter topic"
 )
 failures = _meter.create_counter(
-    "kinbox.batches.failed", description="partition batches that stopped at a failure"
+    "kinbox.batches.failed",
+    description="partition batches that stopped at a failure, by kind "
+    "(handler, store, dead-letter, envelope)",
+)
+undeliverable = _meter.create_counter(
+    "kinbox.dead_letters.undeliverable",
+    description="tries whose dead letter the broker did not take; the partition waits at it",
 )
 
 
@@ -74,8 +87,11 @@ class Telemetry(Middleware):
         duplicates.add(result.duplicates, labels)
         dead_lettered.add(result.dead_lettered, labels)
         opened = self._open.pop((topic, partition), None)
-        if result.failure is not None:
-            failures.add(1, labels)
+        failure = result.failure
+        if failure is not None:
+            failures.add(1, {**labels, "kind": failure.kind})
+            if failure.dead_letter_topic is not None:
+                undeliverable.add(1, {"topic": failure.dead_letter_topic, "source_topic": topic})
         if opened is None:
             return
         span, token = opened
