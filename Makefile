@@ -34,7 +34,7 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
-## bench: every benchmark scenario on a throwaway local stack (about 20 minutes); see benchmarks/README.md
+## bench: every benchmark scenario on a throwaway local stack (under half an hour); see benchmarks/README.md
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)

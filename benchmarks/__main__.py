@@ -4,7 +4,10 @@ Starts Apache Kafka and PostgreSQL through :mod:`kinbox.devstack` — PostgreSQL
 with ``fsync`` on (every figure is for durable commits) and
 ``track_commit_timestamp`` on (the latency scenario reads each effect's real
 commit time) — and runs exactly what ``kinbox bench`` runs against a team's
-own cluster (:mod:`kinbox.bench`). ``KINBOX_TEST_BOOTSTRAP`` /
+own cluster (:mod:`kinbox.bench`). When the outbox scenario runs, a Kafka
+Connect worker with Debezium joins them (the launcher of ``kinbox dev --cdc``;
+PostgreSQL runs with ``wal_level=logical``), for the CDC contender;
+``--no-cdc`` leaves it out. ``KINBOX_TEST_BOOTSTRAP`` /
 ``KINBOX_TEST_DATABASE_URL`` point it at existing services instead.
 
 Writes ``bench.json``, ``bench.md`` and ``bench.png`` into ``--out``
@@ -28,14 +31,18 @@ from kinbox.bench.scenarios import SCENARIOS
 from kinbox.bench.spec import Sizes, Target
 from kinbox.devstack.kafka import KafkaBroker
 from kinbox.devstack.postgres import PostgresServer
-from kinbox.devstack.stack import EXTERNAL_DATABASE_ENV, EXTERNAL_KAFKA_ENV
+from kinbox.devstack.stack import EXTERNAL_DATABASE_ENV, EXTERNAL_KAFKA_ENV, start_connect
 
 RESULTS = Path(__file__).parent / "results"
 
 
 @contextmanager
-def stack() -> Iterator[Target]:
-    """The local Kafka and PostgreSQL (or the external ones named in the environment)."""
+def stack(*, cdc: bool) -> Iterator[Target]:
+    """The local Kafka and PostgreSQL (or the external ones named in the environment).
+
+    ``cdc``: also a Kafka Connect worker with Debezium, started exactly as
+    ``kinbox dev --cdc`` starts it, for the outbox scenario's CDC contender.
+    """
     with ExitStack() as cleanup:
         bootstrap = os.environ.get(EXTERNAL_KAFKA_ENV)
         url = os.environ.get(EXTERNAL_DATABASE_ENV)
@@ -48,7 +55,13 @@ def stack() -> Iterator[Target]:
             kafka = KafkaBroker()
             cleanup.callback(kafka.close)
             bootstrap, version = kafka.start().bootstrap_servers, kafka.version
-        yield Target(bootstrap, url, new_prefix(), kafka_version=version)
+        connect_url = None
+        if cdc:
+            print("starting Kafka Connect with Debezium ...", file=sys.stderr)
+            connect = start_connect(bootstrap)
+            cleanup.callback(connect.close)  # callbacks run in reverse: Connect goes first
+            connect_url = connect.rest_url
+        yield Target(bootstrap, url, new_prefix(), kafka_version=version, connect_url=connect_url)
 
 
 def main() -> None:
@@ -61,6 +74,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, help="runs per contender and scenario")
     parser.add_argument("--events", type=int, help="events per run for the fast contenders")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where bench.* go")
+    parser.add_argument(
+        "--no-cdc", action="store_true", help="no Kafka Connect: the outbox relay runs alone"
+    )
     args = parser.parse_args()
     sizes = Sizes.quick() if args.quick else Sizes()
     if args.long:
@@ -69,13 +85,10 @@ def main() -> None:
         sizes = replace(sizes, repeat=args.repeat)
     if args.events:
         sizes = replace(sizes, events=args.events)
-    with stack() as target:
-        status = execute(
-            target,
-            sizes,
-            *select(args.scenario or (), args.contender or ()),
-            out_dir=args.out,
-        )
+    scenarios, contenders = select(args.scenario or (), args.contender or ())
+    cdc = not args.no_cdc and any(s.kind == "outbox" for s in scenarios)
+    with stack(cdc=cdc) as target:
+        status = execute(target, sizes, scenarios, contenders, out_dir=args.out)
     sys.exit(status)
 
 

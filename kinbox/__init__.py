@@ -3,13 +3,49 @@
 Register handlers with :func:`handler` (or :meth:`App.handler`), run them with
 ``kinbox worker module[:app]``; see the README for the guarantees.
 
+The layout follows a record through the worker::
+
+    kafka.base ──► consume ──────────► apply ──────────────► store.base
+    (seam)         envelope, runner,   route, kinds, batch,   (seam)
+    kafka.*        inflight, offsets,  dispatch, narrow,      store.postgres,
+    (confluent-    backoff             deadletter, policy,    errors, schema,
+     kafka)                            outcome                migrations,
+                                                              retention (psycopg)
+
+================  ==============================================================
+``app``           :class:`App`, :func:`handler`: the registry (no I/O)
+``event``         :class:`Event`, what a handler receives
+``config``        :class:`Settings`: flags > env > app > defaults
+``errors``        the one error tree (shared with ``producer_outbox``)
+``names``         identifier and topic-name validation (shared)
+``failpoints``    crash points for the fault tests, one grammar (shared)
+``lazy``          names that load on first use, for ``__init__`` files (shared)
+``describe``      exceptions and values as safe, bounded text
+``consume/``      the poll loop, up to a partition batch: driver-free
+``apply/``        one partition batch in one transaction: driver-free
+``store/``        the inbox store seam and PostgreSQL behind it
+``kafka/``        the Kafka seam and confluent-kafka behind it
+``middleware/``   layers around workers, batches and handler calls; telemetry
+``ops/``          the worker process: signals, shutdown, ``--processes N``
+``cli/``          the ``kinbox`` command, one module per command group
+``testing/``      fakes of the seams, for users' tests and ours
+``devstack/``     the local Kafka + PostgreSQL (+ Connect) launcher
+``bench/``        the benchmark harness behind ``kinbox bench``
+================  ==============================================================
+
+Only ``kafka/`` imports confluent-kafka, only ``store/`` (and
+``producer_outbox``) psycopg, only ``middleware.telemetry`` OpenTelemetry;
+``tests/unit/test_layering.py`` checks that the core loads none of them and
+that no import circle forms.
+
 The names below load on first use (PEP 562), so importing one submodule —
 ``kinbox.errors`` from ``producer_outbox``, say — does not drag in the
 consumer's modules, confluent-kafka or OpenTelemetry.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kinbox.lazy import exports as _exports
 
 if TYPE_CHECKING:
     from kinbox.app import App, default_app, handler
@@ -77,15 +113,4 @@ _SOURCES = {
     "handler": "kinbox.app",
 }
 
-
-def __getattr__(name: str) -> Any:
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module 'kinbox' has no attribute {name!r}")
-    value = getattr(importlib.import_module(source), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _exports(__name__, _SOURCES)

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from kinbox.apply.kinds import kind_for
 from kinbox.apply.route import Route
 from kinbox.config import Settings
 from kinbox.errors import ConfigurationError
@@ -148,7 +149,7 @@ class App:
         def register(fn: F) -> F:
             if not callable(fn):
                 raise ConfigurationError(f"@handler({topic!r}) needs a callable, got {fn!r}")
-            route = Route(topic, fn, batch, max_attempts, dead_letter_topic)
+            route = Route(topic, fn, kind_for(fn, batch=batch), max_attempts, dead_letter_topic)
             existing = self._routes.get(topic)
             if existing is not None:
                 raise ConfigurationError(

@@ -13,7 +13,7 @@
     ├── ServiceError                                   a local dev service failed to start
     ├── ConnectorError                                 Kafka Connect refused or failed a connector
     ├── FailpointError                                 a crash test's ``raise`` failpoint fired
-    │                                                  (in producer_outbox.failpoints: test only)
+    │                                                  (in kinbox.failpoints: crash tests only)
     └── (control flow, never logged as errors)
         ├── Retry(delay)                               a handler asks to be tried again later
         └── DeadLetter(reason)                         a handler gives the event up

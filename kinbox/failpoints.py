@@ -1,53 +1,147 @@
-"""Failpoints: named places where a crash test can make the worker die.
+"""Failpoints: named places where a crash test makes a process fail on purpose.
 
-``KINBOX_FAILPOINTS="after_db_commit=kill@3,before_db_commit=kill@1"`` makes
-the process SIGKILL itself on the 3rd time it reaches ``after_db_commit`` (the
-database transaction committed, its Kafka offset not yet) and so on. A real
-SIGKILL, not an exception: no ``finally``, no consumer close, no commit — the
-same as a power cut, which is what the tests must survive.
+One grammar and one parser for every process of kinbox and producer_outbox
+(worker, relay, benchmark contenders), read from ``KINBOX_FAILPOINTS`` when
+this module is imported::
 
-Unset, :func:`failpoint` is one dict lookup on an empty dict.
+    spec    := [entry ("," entry)*]      blanks around parts are ignored
+    entry   := name "=" action ["@" n]
+    action  := "kill"    SIGKILL this process: no ``finally``, no COMMIT, no
+                         consumer close — a power cut, what the tests survive
+             | "raise"   raise :class:`FailpointError` at the point
+    n       := 1, 2, …   act on the n-th pass through the point (default 1),
+                         once; passes after it go through untouched
+
+For example ``after_db_commit=kill@3, relay_after_publish=raise``. A name may
+be armed once per spec. The names are those in :data:`NAMES`, one per call of
+:func:`failpoint` in the code, so a misspelt name fails at start-up instead of
+arming nothing and letting a crash test pass without a crash. A spec that does
+not parse raises :class:`~kinbox.errors.ConfigurationError` naming the entry
+and the allowed form.
+
+Unarmed (the variable unset or empty), :func:`failpoint` costs one lookup in
+an empty dict. This module imports no driver, so both packages share it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from kinbox.errors import ConfigurationError
+from kinbox.errors import ConfigurationError, KinboxError
 
 ENV = "KINBOX_FAILPOINTS"
-_ACTIONS = ("kill",)
+ACTIONS = ("kill", "raise")
 
-_plan: dict[str, int] = {}
-_hits: dict[str, int] = {}
+NAMES: Mapping[str, str] = {
+    "before_db_commit": "kinbox worker: a batch's effects written, its COMMIT not yet sent",
+    "after_db_commit": (
+        "kinbox worker and every benchmark contender: committed, offsets not yet committed"
+    ),
+    "relay_after_publish": "outbox relay: Kafka acknowledged a batch, its rows not yet marked sent",
+}
+
+_FORM = f"use name={'|'.join(ACTIONS)}[@n] with n >= 1"
+
+
+class FailpointError(KinboxError):
+    """Raised by a failpoint whose action is ``raise`` (crash tests only)."""
+
+
+@dataclass(frozen=True)
+class Failpoint:
+    """One armed entry: do ``action`` on pass ``nth`` through ``name``."""
+
+    name: str
+    action: str
+    nth: int = 1
+
+
+def parse(spec: str | None) -> dict[str, Failpoint]:
+    """Parse a ``KINBOX_FAILPOINTS`` spec into its armed points, by name.
+
+    Raises:
+        ConfigurationError: an entry is malformed, names an unknown point or
+            action, has a count below 1, or arms a name twice.
+    """
+    points: dict[str, Failpoint] = {}
+    for entry in filter(None, (part.strip() for part in (spec or "").split(","))):
+        name, equals, rule = (part.strip() for part in entry.partition("="))
+        action, at, count = (part.strip() for part in rule.partition("@"))
+        if not equals or action not in ACTIONS or (at and not count.isdigit()):
+            raise ConfigurationError(f"{ENV} entry {entry!r} is not allowed: {_FORM}")
+        nth = int(count) if at else 1
+        if nth < 1:
+            raise ConfigurationError(f"{ENV} entry {entry!r} is not allowed: {_FORM}")
+        if name not in NAMES:
+            raise ConfigurationError(
+                f"{ENV} entry {entry!r} names no failpoint: use one of {sorted(NAMES)}"
+            )
+        if name in points:
+            raise ConfigurationError(f"{ENV} arms {name!r} twice: give each name once")
+        points[name] = Failpoint(name, action, nth)
+    return points
+
+
+class Failpoints:
+    """A set of armed failpoints and how often each was passed."""
+
+    def __init__(self, spec: str | None = None) -> None:
+        self._points: dict[str, Failpoint] = {}
+        self._passes: Counter[str] = Counter()
+        self.arm(spec)
+
+    def arm(self, spec: str | None) -> None:
+        """Replace the armed points with ``spec``'s (``None``/empty disarms) and reset counts.
+
+        Raises:
+            ConfigurationError: ``spec`` does not parse (nothing is armed then).
+        """
+        self._points = {}  # a spec that fails to parse leaves nothing armed
+        self._passes.clear()
+        self._points = parse(spec)
+
+    def hit(self, name: str) -> None:
+        """Count a pass through ``name``; act if this is its armed pass.
+
+        Raises:
+            FailpointError: ``name`` is armed with ``raise`` and this is its pass.
+        """
+        point = self._points.get(name)
+        if point is None:
+            return
+        self._passes[name] += 1
+        if self._passes[name] != point.nth:
+            return
+        if point.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+            return  # reached only when a test stands in for os.kill
+        raise FailpointError(f"failpoint {name!r} fired on pass {point.nth}")
+
+
+# The process's failpoints: armed once from the environment the process starts with.
+_process = Failpoints()
 
 
 def configure(spec: str | None) -> None:
-    """Arm failpoints from a spec like ``"name=kill@N,..."`` (``None``/empty disarms).
+    """Re-arm this process's failpoints from ``spec`` (``None``/empty disarms).
 
     Raises:
-        ConfigurationError: the spec does not parse.
+        ConfigurationError: ``spec`` does not parse.
     """
-    _plan.clear()
-    _hits.clear()
-    for item in filter(None, (part.strip() for part in (spec or "").split(","))):
-        name, _, rest = item.partition("=")
-        action, _, nth = rest.partition("@")
-        if not name or action not in _ACTIONS or not nth.isdigit() or int(nth) < 1:
-            raise ConfigurationError(
-                f"{ENV} item {item!r} is not allowed: use name=kill@N with N >= 1"
-            )
-        _plan[name] = int(nth)
+    _process.arm(spec)
 
 
 def failpoint(name: str) -> None:
-    """Count a pass through ``name``; SIGKILL this process on the armed hit."""
-    if not _plan or name not in _plan:
-        return
-    _hits[name] = _hits.get(name, 0) + 1
-    if _hits[name] == _plan[name]:
-        os.kill(os.getpid(), signal.SIGKILL)
+    """Count a pass through ``name`` in this process; act on its armed pass.
+
+    Raises:
+        FailpointError: ``name`` is armed with ``raise`` and this is its pass.
+    """
+    _process.hit(name)
 
 
 configure(os.environ.get(ENV))

@@ -2,17 +2,46 @@
 
 Write with :func:`enqueue` inside your business transaction; run
 ``kinbox outbox relay`` to publish. Never imports kinbox's consumer code.
+
+The names below load on first use (PEP 562), so a service that only writes
+(``from producer_outbox import enqueue``) loads psycopg and the writer, and
+nothing of Kafka or the relay.
+
+The modules, along the flow of a row:
+
+================  ==========================================================
+``writer``        :func:`enqueue`: a row in the caller's transaction, NOTIFY
+``schema``        the outbox's tables, as versioned migration steps
+``relay``         :class:`Relay`: the loop; ``config`` its settings
+``lanes``         several relays share the outbox without reordering a key
+``claim``         the relay's SQL: the next batch in per-key order, marking
+``records``       rows and the Kafka records made of them (no I/O)
+``publisher``     :class:`Publisher`, :class:`KafkaPublisher`: confluent-kafka
+``batch``         publish a batch keeping key order, settle each verdict
+``topics``        topics Kafka refuses as a whole: an outage, not the rows'
+``schedule``      the relay's upkeep as tasks: lane balancing, ``cleanup``
+``parked``        parked rows block their key until requeued
+``status``        :func:`read_status`, for ``kinbox outbox status``
+``debezium``      the outbox through Debezium instead (CDC); ``slots`` the
+                  WAL its slot holds; ``connect_api``, ``connect_plugin``
+``cli*``          the ``kinbox outbox`` commands
+================  ==========================================================
 """
 
-from kinbox.errors import PayloadError
-from producer_outbox.cleanup import delete_sent
-from producer_outbox.config import RelayConfig
-from producer_outbox.publisher import KafkaPublisher, Outcome, Publisher
-from producer_outbox.records import OutboxRow, Record
-from producer_outbox.relay import Relay
-from producer_outbox.schema import OUTBOX
-from producer_outbox.status import OutboxStatus, read_status
-from producer_outbox.writer import enqueue
+from typing import TYPE_CHECKING
+
+from kinbox.lazy import exports as _exports
+
+if TYPE_CHECKING:
+    from kinbox.errors import PayloadError
+    from producer_outbox.cleanup import delete_sent
+    from producer_outbox.config import RelayConfig
+    from producer_outbox.publisher import KafkaPublisher, Outcome, Publisher
+    from producer_outbox.records import OutboxRow, Record
+    from producer_outbox.relay import Relay
+    from producer_outbox.schema import OUTBOX
+    from producer_outbox.status import OutboxStatus, read_status
+    from producer_outbox.writer import enqueue
 
 __all__ = [
     "OUTBOX",
@@ -29,3 +58,22 @@ __all__ = [
     "enqueue",
     "read_status",
 ]
+
+# Where each public name lives; __getattr__ imports it from there on first use.
+_SOURCES = {
+    "OUTBOX": "producer_outbox.schema",
+    "KafkaPublisher": "producer_outbox.publisher",
+    "OutboxRow": "producer_outbox.records",
+    "OutboxStatus": "producer_outbox.status",
+    "Outcome": "producer_outbox.publisher",
+    "PayloadError": "kinbox.errors",
+    "Publisher": "producer_outbox.publisher",
+    "Record": "producer_outbox.records",
+    "Relay": "producer_outbox.relay",
+    "RelayConfig": "producer_outbox.config",
+    "delete_sent": "producer_outbox.cleanup",
+    "enqueue": "producer_outbox.writer",
+    "read_status": "producer_outbox.status",
+}
+
+__getattr__, __dir__ = _exports(__name__, _SOURCES)

@@ -14,6 +14,7 @@ from producer_outbox.connect_plugin import build_smt_jar
 from producer_outbox.debezium import (
     CDC_CONSTRAINT,
     DebeziumSettings,
+    check_header_columns,
     connector_config,
     refuse_bytes_payloads,
 )
@@ -37,7 +38,8 @@ from producer_outbox.debezium import (
     "header_columns",
     multiple=True,
     metavar="COLUMN[:HEADER]",
-    help="Publish another outbox column as a header (repeat).",
+    help="Publish another outbox column as a header (repeat). The column must have no "
+    "DEFAULT: Debezium would publish a NULL in it as the default (--register refuses it).",
 )
 @click.option(
     "--register",
@@ -95,6 +97,7 @@ def debezium_config(
         click.echo(json.dumps(connector, indent=2))
         return
     with connect(database_url, schema) as conn:
+        check_header_columns(conn, schema, extra)
         if refuse_bytes_payloads(conn, schema):
             click.echo(
                 f"{schema}.outbox now refuses bytes payloads ({CDC_CONSTRAINT}): "

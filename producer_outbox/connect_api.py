@@ -1,11 +1,12 @@
 """A small client for Kafka Connect's REST API: register a connector and wait until it runs.
 
-Only what ``kinbox outbox debezium-config --register`` needs, on the standard
-library: ``PUT /connectors/<name>/config`` creates or updates in one call,
-then ``GET /connectors/<name>/status`` is polled until the connector and every
-task say ``RUNNING``. A ``FAILED`` state ends the wait at once with the
-worker's own error (the first lines of its trace), so a wrong password or a
-missing plugin reads as such, not as a time-out.
+Only what ``kinbox outbox debezium-config --register`` and the benchmark's
+CDC contender need, on the standard library: ``PUT /connectors/<name>/config``
+creates or updates in one call, then ``GET /connectors/<name>/status`` is
+polled until the connector and every task say ``RUNNING``. A ``FAILED``
+state ends the wait at once with the worker's own error (the first lines of
+its trace), so a wrong password or a missing plugin reads as such, not as a
+time-out.
 """
 
 from __future__ import annotations
@@ -77,10 +78,25 @@ class ConnectClient:
             raise ConnectorError(f"cannot reach Kafka Connect at {self.url}: {exc}") from exc
         return json.loads(text) if text else None
 
+    def version(self) -> str:
+        """The Kafka Connect version of the worker answering."""
+        return str((self._call("GET", "/") or {}).get("version", "unknown"))
+
+    def plugins(self) -> dict[str, str]:
+        """The connector plugins the worker has: class → version."""
+        return {
+            str(plugin.get("class")): str(plugin.get("version"))
+            for plugin in self._call("GET", "/connector-plugins") or []
+        }
+
+    def names(self) -> list[str]:
+        """The connectors the cluster runs."""
+        return [str(name) for name in self._call("GET", "/connectors")]
+
     def put_config(self, name: str, config: dict[str, str]) -> bool:
         """Create or update connector ``name``; return True when it was created."""
         quoted = urllib.parse.quote(name, safe="")
-        existed = name in self._call("GET", "/connectors")
+        existed = name in self.names()
         self._call("PUT", f"/connectors/{quoted}/config", config)
         return not existed
 
@@ -105,6 +121,19 @@ class ConnectClient:
         quoted = urllib.parse.quote(name, safe="")
         self._call("POST", f"/connectors/{quoted}/restart?includeTasks=true&onlyFailed=true")
 
+    def stop(self, name: str) -> None:
+        """Stop the connector: its tasks shut down, its configuration and offsets stay.
+
+        Unlike a pause, a stopped Debezium task holds no replication
+        connection, so the slot goes inactive and nothing is decoded until
+        :meth:`resume` (Kafka Connect 3.5 or newer).
+        """
+        self._call("PUT", f"/connectors/{urllib.parse.quote(name, safe='')}/stop")
+
+    def resume(self, name: str) -> None:
+        """Start a stopped (or paused) connector's tasks again."""
+        self._call("PUT", f"/connectors/{urllib.parse.quote(name, safe='')}/resume")
+
     def delete(self, name: str) -> None:
         """Remove connector ``name`` (its replication slot stays: drop it yourself)."""
         self._call("DELETE", f"/connectors/{urllib.parse.quote(name, safe='')}")
@@ -122,6 +151,27 @@ class ConnectClient:
         Raises:
             ConnectorError: a FAILED state (with Connect's error), or ``timeout``.
         """
+        return self._wait(name, "RUNNING", lambda s: s.running, timeout, clock, sleep)
+
+    def wait_stopped(
+        self, name: str, *, timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep
+    ) -> ConnectorState:
+        """Poll until the connector is STOPPED (after :meth:`stop`: its tasks are gone).
+
+        Raises:
+            ConnectorError: a FAILED state (with Connect's error), or ``timeout``.
+        """
+        return self._wait(name, "STOPPED", _stopped, timeout, time.monotonic, sleep)
+
+    def _wait(
+        self,
+        name: str,
+        wanted: str,
+        done: Callable[[ConnectorState], bool],
+        timeout: float,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+    ) -> ConnectorState:
         deadline = clock() + timeout
         last: ConnectorState | None = None
         while True:
@@ -131,7 +181,7 @@ class ConnectClient:
                 # 404 right after a PUT: the worker has not read its config topic yet.
                 if "404" not in str(exc):
                     raise
-            if last is not None and last.running:
+            if last is not None and done(last):
                 return last
             if last is not None and last.failed:
                 raise ConnectorError(
@@ -141,7 +191,7 @@ class ConnectClient:
             if clock() > deadline:
                 seen = f"connector {last.connector}, tasks {last.tasks}" if last else "no status"
                 raise ConnectorError(
-                    f"connector {name!r} not RUNNING after {timeout:.0f}s ({seen})"
+                    f"connector {name!r} not {wanted} after {timeout:.0f}s ({seen})"
                 )
             sleep(0.25)
 
@@ -168,6 +218,10 @@ def register(
         if previous is not None and previous.failed:
             client.restart(name)
     return created, client.wait_running(name, timeout=timeout)
+
+
+def _stopped(state: ConnectorState) -> bool:
+    return state.connector == "STOPPED"
 
 
 def _first_lines(trace: object) -> str:

@@ -223,6 +223,42 @@ def connector_config(
     return {"name": settings.name, "config": config}
 
 
+def check_header_columns(
+    conn: psycopg.Connection[Any], schema: str, columns: Mapping[str, str]
+) -> None:
+    """Refuse header columns the outbox lacks, or that have a ``DEFAULT``.
+
+    A column with a default is published wrongly: Debezium puts the default
+    into the column's Connect schema, and Kafka Connect's ``Struct.get``
+    returns that default for a NULL (KAFKA-8713), so a row whose column is
+    NULL gets a header with the default's value (``''`` for an expression
+    Debezium cannot evaluate) instead of none. Fill such a column in the
+    INSERT (or a trigger) and drop its default.
+
+    Raises:
+        ConfigurationError: naming the column and what is wrong with it.
+    """
+    found = {
+        str(name): bool(has_default)
+        for name, has_default in conn.execute(
+            "SELECT attname, atthasdef FROM pg_attribute"
+            " WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+            (f"{sql_identifier(schema, setting='schema')}.outbox",),
+        )
+    }
+    for column, header in columns.items():
+        if column not in found:
+            raise ConfigurationError(
+                f"header column {column!r} (header {header!r}): {schema}.outbox has no such column"
+            )
+        if found[column]:
+            raise ConfigurationError(
+                f"header column {column!r} of {schema}.outbox has a DEFAULT: Debezium would "
+                f"publish a NULL in it as the default in header {header!r}, not as no header; "
+                "drop the default and fill the column in the INSERT or a trigger"
+            )
+
+
 def refuse_bytes_payloads(conn: psycopg.Connection[Any], schema: str) -> bool:
     """Add :data:`CDC_CONSTRAINT` to ``<schema>.outbox`` unless present; return whether added.
 

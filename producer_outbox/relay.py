@@ -3,12 +3,13 @@
 One loop, one thread::
 
     wake (NOTIFY from a committing writer, or the poll interval as fallback)
-    ──► balance lanes (advisory locks, :mod:`.lanes`)
+    ──► upkeep tasks that are due (:mod:`.schedule`):
+          balance lanes, every min(1 s, poll interval) (advisory locks, :mod:`.lanes`)
+          delete old sent rows, every ``cleanup_interval`` (:mod:`.cleanup`)
     ──► per owned lane, one transaction per batch:
           claim rows FOR UPDATE SKIP LOCKED (:mod:`.claim`) ──► publish all, await
           every delivery report (:mod:`.publisher`) ──► mark acked rows sent, failed
           rows retried/parked ──► COMMIT
-    ──► cleanup of old sent rows when due (:mod:`.cleanup`)
 
 Guarantees and choices:
 
@@ -53,6 +54,12 @@ Guarantees and choices:
 - **Latency.** Writers ``NOTIFY`` in their transaction; the relay ``LISTEN``s
   and wakes within milliseconds of the commit. ``poll_interval`` is the
   fallback (lost notification, backoff expiry, rows held by the xmin filter).
+- **Upkeep** runs between batches on the work connection, never during one
+  (a lane is released only when none of its rows is in flight). A failing
+  task is logged and tried again one interval later; only a lost connection
+  ends the connected loop, which reconnects. Lane balancing starts anew with
+  each connection (the locks were the old connection's); the cleanup keeps
+  its schedule across reconnects, its first run right after the start.
 - **Shutdown.** :meth:`Relay.stop` (SIGTERM/SIGINT in the CLI) lets the
   current batch finish and commit, releases the lanes, closes connections.
 """
@@ -67,20 +74,23 @@ from typing import Any
 
 import psycopg
 
+from kinbox.failpoints import failpoint
 from producer_outbox import claim as store
 from producer_outbox import topics
 from producer_outbox.batch import Settlement, publish, settle
 from producer_outbox.cleanup import delete_sent
 from producer_outbox.config import RelayConfig
-from producer_outbox.failpoints import Failpoints
 from producer_outbox.lanes import LaneOwner
 from producer_outbox.publisher import Publisher
 from producer_outbox.records import to_record
+from producer_outbox.schedule import Scheduler
 from producer_outbox.schema import notify_channel
 
 __all__ = ["Relay", "RelayConfig"]
 
 log = logging.getLogger(__name__)
+
+_BALANCE = "balance lanes"
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -94,14 +104,16 @@ class Relay:
         publisher: Publisher,
         *,
         connect: Callable[[], Connection] | None = None,
-        failpoints: Failpoints | None = None,
     ) -> None:
         self.config = config.validate()
         self._publisher = publisher
         self._connect = connect or (lambda: psycopg.connect(config.database_url, autocommit=True))
-        self._failpoints = failpoints or Failpoints()
         self._stopping = False
-        self._next_cleanup = time.monotonic()  # first cleanup right after start
+        # Upkeep between batches; a lost connection passes through to run(),
+        # which reconnects. Made once, so the cleanup's schedule outlives a
+        # reconnect: its first run is right after the start.
+        self._upkeep: Scheduler[Connection] = Scheduler(propagate=(psycopg.OperationalError,))
+        self._upkeep.add("cleanup", self.config.cleanup_interval, self._cleanup)
         # Rounds of the lanes in a row that met an outage and reached Kafka with
         # nothing: the outage's backoff grows with it.
         self._outages = 0
@@ -134,17 +146,18 @@ class Relay:
             lanes = LaneOwner(work, self.config.schema, self.config.lanes)
             lanes.register()
             log.info("outbox relay started: schema=%s lanes=%d", self.config.schema, lanes.lanes)
-            next_balance = 0.0
+            # The lanes belong to this connection: balance them at once, then
+            # every second (or poll interval, if shorter) while it lives.
+            interval = min(1.0, self.config.poll_interval)
+            self._upkeep.add(_BALANCE, interval, lambda _work: lanes.balance())
             try:
                 while not self._stopping:
-                    if time.monotonic() >= next_balance:
-                        lanes.balance()
-                        next_balance = time.monotonic() + min(1.0, self.config.poll_interval)
+                    self._upkeep.run_due(work, should_stop=lambda: self._stopping)
                     busy = self.run_lanes(work, sorted(lanes.owned))
-                    self._maybe_cleanup(work)
                     if not busy:
                         self._wait(listen)
             finally:
+                self._upkeep.remove(_BALANCE)
                 # Closing the connection would release the locks too; releasing
                 # first lets another relay take the lanes without waiting.
                 with contextlib.suppress(psycopg.Error):
@@ -181,7 +194,7 @@ class Relay:
             records = [to_record(row, source=self.config.source) for row in rows]
             outcomes = publish(self._publisher, rows, records)
             # Crash test: acked by Kafka, not yet marked: a restart must re-publish.
-            self._failpoints.hit("relay_after_publish")
+            failpoint("relay_after_publish")
             result = settle(
                 rows, outcomes, self.config, outage_delay=self.config.backoff(self._outages)
             )
@@ -223,23 +236,15 @@ class Relay:
             if topics.clear(conn, self.config.schema, topic):
                 log.info("outbox topic %r accepts records again", topic)
 
-    def _maybe_cleanup(self, conn: Connection) -> None:
-        if time.monotonic() < self._next_cleanup:
-            return
-        self._next_cleanup = time.monotonic() + self.config.cleanup_interval
-        try:
-            deleted = delete_sent(
-                conn,
-                self.config.schema,
-                retention=self.config.retention,
-                batch=self.config.cleanup_batch,
-                should_stop=lambda: self._stopping,
-            )
-        except psycopg.OperationalError:
-            raise
-        except psycopg.Error as exc:  # a failing background task is logged, never fatal
-            log.error("outbox cleanup failed: %s", exc)
-            return
+    def _cleanup(self, conn: Connection) -> None:
+        """Upkeep: delete sent rows older than the retention, in bounded batches."""
+        deleted = delete_sent(
+            conn,
+            self.config.schema,
+            retention=self.config.retention,
+            batch=self.config.cleanup_batch,
+            should_stop=lambda: self._stopping,
+        )
         if deleted:
             log.info("outbox cleanup: deleted %d sent rows", deleted)
 

@@ -12,10 +12,13 @@ over from a new one (events in between are not published).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+
+from kinbox.errors import ConnectorError
 
 DEFAULT_WARN_BYTES = 1 << 30
 """Warn when a slot holds back more WAL than this (1 GiB)."""
@@ -87,6 +90,44 @@ def read_slots(conn: psycopg.Connection[Any]) -> list[SlotStatus]:
         )
         for name, plugin, active, wal_status, retained, unconfirmed, safe in conn.execute(_SLOTS)
     ]
+
+
+def drop_slot(conn: psycopg.Connection[Any], name: str, *, wait: float = 30.0) -> bool:
+    """Drop replication slot ``name`` once nothing streams from it; return whether it existed.
+
+    Delete the connector first, or Debezium recreates the slot. A slot is
+    dropped only while inactive, so this waits up to ``wait`` seconds for its
+    consumer to let go (a stopped connector's task closes its connection),
+    then ends the backend still holding it. ``conn`` must be in autocommit.
+
+    Raises:
+        ConnectorError: something took the slot back each time, for ``2 * wait`` seconds
+            (a connector still configured for it).
+    """
+    started = time.monotonic()
+    while True:
+        row = conn.execute(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (name,)
+        ).fetchone()
+        if row is None:
+            return False
+        waited = time.monotonic() - started
+        if row[0] is None:
+            try:
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+                return True
+            except psycopg.errors.UndefinedObject:
+                return False  # dropped by someone else in between
+            except psycopg.errors.ObjectInUse:
+                pass  # taken again in between
+        elif waited > wait:
+            conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+        if waited > 2 * wait:
+            raise ConnectorError(
+                f"replication slot {name!r} is still in use after {waited:.0f}s: "
+                "delete the connector that reads it first"
+            )
+        time.sleep(0.2)
 
 
 def _size(count: int) -> str:

@@ -56,7 +56,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).relative_to(_ROOT).parts
-        if parts and parts[0] in {"unit", "integration", "faults", "examples"}:
+        if parts and parts[0] in {"unit", "integration", "faults", "contract", "examples"}:
             item.add_marker(parts[0] if parts[0] != "examples" else "integration")
         if parts and parts[-1].startswith("test_cdc"):
             item.add_marker("cdc")

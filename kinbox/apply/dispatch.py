@@ -30,9 +30,11 @@ may also come from outside the handler:
 an event whose COMMIT PostgreSQL refused on its last try (see
 :mod:`kinbox.apply.narrow`) is dead-lettered here without its handler running.
 
-Batch handlers (``batch=True``) run under one savepoint per batch; on the
-last try the handler cannot say which event is the poison, so it is handed
-the events one at a time and those that still fail are dead-lettered.
+How the function is called — per event, or once per batch (``batch=True``)
+— is the route's :class:`~kinbox.apply.route.HandlerKind`, chosen when it was
+registered (:mod:`kinbox.apply.kinds`); the dispatcher gives the kind what it
+may do in the transaction (:class:`_Calls`): judge an exception, dead-letter
+an event, wrap a call in the middleware's ``around_event``.
 
 Dead letters are returned, not recorded: the caller writes them into
 ``processed_events`` (:mod:`kinbox.apply.batch`). Exceptions are turned into text
@@ -41,56 +43,34 @@ only through :mod:`kinbox.describe`, so a broken ``__str__`` cannot escape.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 
 from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
+from kinbox.apply.outcome import Verdict
 from kinbox.apply.route import Route
 from kinbox.consume.envelope import Record
-from kinbox.describe import describe, text
+from kinbox.describe import text
 from kinbox.errors import DeadLetter, Retry
 from kinbox.event import Event
+from kinbox.middleware.base import Chain
 from kinbox.store.base import InboxTransaction
 
 
-class HandlerFailed(Exception):
-    """A handler failed, not for the last time: carries it out of the transaction."""
-
-    def __init__(self, event: Event, cause: BaseException) -> None:
-        super().__init__(describe(cause))
-        self.event = event
-        self.cause = cause
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A permanent failure seen in an earlier pass: why, and what was raised."""
-
-    reason: str
-    error: BaseException
-
-
-class Abandoned(Exception):
-    """An optimistic pass met a permanent failure: roll back, redo carefully."""
-
-    def __init__(self, event: Event, verdict: Verdict) -> None:
-        super().__init__(verdict.reason)
-        self.event = event
-        self.verdict = verdict
-
-
 class Dispatcher:
-    """Calls handlers and decides what their exceptions mean.
+    """Calls handlers, through their kind, and decides what their exceptions mean.
 
     Args:
         consumer: the consumer group, written into dead letters.
         max_attempts: tries before dead-lettering, unless the route sets its own.
+        chain: the middleware whose ``around_event`` / ``around_events`` wrap each call.
     """
 
-    def __init__(self, consumer: str, max_attempts: int) -> None:
+    def __init__(self, consumer: str, max_attempts: int, chain: Chain | None = None) -> None:
         self._consumer = consumer
         self._max_attempts = max_attempts
+        self.chain = chain or Chain(())
+        """The middleware around each call."""
 
     def run(
         self,
@@ -116,23 +96,16 @@ class Dispatcher:
             Abandoned: an optimistic pass met a permanent failure.
             StoreError: the database went away (also when seen by a handler).
         """
-        letters: list[Letter] = []
+        calls = _Calls(self, tx, route, records)
         runnable: list[Event] = []
         for event in events:
             verdict = verdicts.get(event.offset)
             if verdict is None:
                 runnable.append(event)
             else:
-                letters.append(self.letter(route, records, event, verdict.reason, verdict.error))
-        if route.batch:
-            self._run_batch(tx, route, records, runnable, letters)
-        elif verdicts:
-            for event in runnable:
-                self._run_careful(tx, route, records, event, letters)
-        else:
-            for event in runnable:
-                self._run_optimistic(tx, route, event)
-        return letters
+                calls.dead_letter(event, verdict.reason, verdict.error)
+        route.kind.run(calls, runnable, careful=bool(verdicts))
+        return calls.letters
 
     def letter(
         self,
@@ -148,70 +121,11 @@ class Dispatcher:
             records[event.offset], route.dlq_topic, self._consumer, reason, error, attempts
         )
 
-    def _run_optimistic(self, tx: InboxTransaction, route: Route, event: Event) -> None:
-        try:
-            with tx.unguarded():
-                route.fn(event, tx.connection)
-        except Exception as exc:
-            reason = self._permanent(tx, route, exc, event.attempt)
-            if reason is None:
-                raise HandlerFailed(event, exc) from exc
-            raise Abandoned(event, Verdict(reason, exc)) from exc
-
-    def _run_careful(
-        self,
-        tx: InboxTransaction,
-        route: Route,
-        records: Mapping[int, Record],
-        event: Event,
-        letters: list[Letter],
-    ) -> None:
-        try:
-            with tx.savepoint():
-                route.fn(event, tx.connection)
-            return
-        except Exception as exc:
-            reason = self._permanent(tx, route, exc, event.attempt)
-            if reason is None:
-                raise HandlerFailed(event, exc) from exc
-            letters.append(self.letter(route, records, event, reason, exc))
-
-    def _run_batch(
-        self,
-        tx: InboxTransaction,
-        route: Route,
-        records: Mapping[int, Record],
-        events: list[Event],
-        letters: list[Letter],
-    ) -> None:
-        if not events:
-            return
-        # Only the first event can be on a later try: a failure stops the
-        # partition there, so the next batch starts with it.
-        attempt = events[0].attempt
-        try:
-            with tx.savepoint():
-                route.fn(events, tx.connection)
-            return
-        except Exception as exc:
-            if self._permanent(tx, route, exc, attempt) is None:
-                raise HandlerFailed(events[0], exc) from exc
-        # Last try: the handler cannot say which event is the poison, so hand
-        # it the events one at a time and dead-letter those that still fail.
-        for event in events:
-            try:
-                with tx.savepoint():
-                    route.fn([event], tx.connection)
-            except Exception as exc:
-                reason = self._permanent(tx, route, exc, max(attempt, self.limit(route)))
-                assert reason is not None
-                letters.append(self.letter(route, records, event, reason, exc))
-
     def limit(self, route: Route) -> int:
         """Tries before an event of ``route`` is dead-lettered."""
         return route.max_attempts or self._max_attempts
 
-    def _permanent(
+    def permanent(
         self, tx: InboxTransaction, route: Route, exc: Exception, attempt: int
     ) -> str | None:
         """The dead-letter reason if ``exc`` gives the event up, else ``None``.
@@ -227,3 +141,47 @@ class Dispatcher:
         if attempt < self.limit(route):
             return None
         return deadletter.RETRIES_EXHAUSTED if isinstance(exc, Retry) else deadletter.HANDLER_ERROR
+
+
+class _Calls:
+    """:class:`~kinbox.apply.route.Calls` for one route in one transaction.
+
+    Collects the dead letters the kind gives up.
+    """
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        tx: InboxTransaction,
+        route: Route,
+        records: Mapping[int, Record],
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._tx = tx
+        self._route = route
+        self._records = records
+        self.letters: list[Letter] = []
+
+    @property
+    def tx(self) -> InboxTransaction:
+        return self._tx
+
+    @property
+    def limit(self) -> int:
+        return self._dispatcher.limit(self._route)
+
+    def permanent(self, exc: Exception, attempt: int) -> str | None:
+        return self._dispatcher.permanent(self._tx, self._route, exc, attempt)
+
+    def dead_letter(self, event: Event, reason: str, error: BaseException) -> None:
+        self.letters.append(
+            self._dispatcher.letter(self._route, self._records, event, reason, error)
+        )
+
+    def around_event(self, event: Event, call: Callable[[Event], object]) -> object:
+        return self._dispatcher.chain.around_event(event, call)
+
+    def around_events(
+        self, events: Sequence[Event], call: Callable[[Sequence[Event]], object]
+    ) -> object:
+        return self._dispatcher.chain.around_events(events, call)

@@ -1,5 +1,8 @@
 """What became of one partition batch: :class:`BatchResult` and :class:`Failure`.
 
+Also the control flow that carries a handler's failure out of a transaction
+(:class:`HandlerFailed`, :class:`Abandoned`, with a :class:`Verdict`).
+
 A leaf shared by the batch processor, the runner, the failure policy and the
 middleware; it imports nothing of them, so no circle forms between them.
 """
@@ -9,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kinbox.describe import describe
 from kinbox.errors import EnvelopeError, StoreError, TransportError
 
 if TYPE_CHECKING:
@@ -51,7 +55,10 @@ class Failure:
         error: the cause (:class:`EnvelopeError`, :class:`StoreError`, or what
             the handler raised).
         event: the event whose handler failed, when one did.
-        record: the record that could not become an event, for envelope errors.
+        record: the record that could not become an event, for envelope errors,
+            or whose dead letter the broker did not take.
+        dead_letter_topic: where that dead letter was going, when one was
+            not delivered (the partition holds at its record).
         streak: consecutive failures of the partition at this offset, of any
             kind (set by the runner; the backoff grows with it, while only
             handler failures count towards ``max_attempts``).
@@ -64,6 +71,7 @@ class Failure:
     error: BaseException
     event: Event | None = None
     record: Record | None = None
+    dead_letter_topic: str | None = None
     streak: int = 1
 
     @property
@@ -76,3 +84,29 @@ class Failure:
         if isinstance(self.error, TransportError) and self.event is None:
             return "dead-letter"
         return "handler"
+
+
+class HandlerFailed(Exception):
+    """A handler failed, not for the last time: carries it out of the transaction."""
+
+    def __init__(self, event: Event, cause: BaseException) -> None:
+        super().__init__(describe(cause))
+        self.event = event
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A permanent failure seen in an earlier pass: why, and what was raised."""
+
+    reason: str
+    error: BaseException
+
+
+class Abandoned(Exception):
+    """An optimistic pass met a permanent failure: roll back, redo carefully."""
+
+    def __init__(self, event: Event, verdict: Verdict) -> None:
+        super().__init__(verdict.reason)
+        self.event = event
+        self.verdict = verdict

@@ -1,17 +1,21 @@
-"""What one registration is: :class:`Route`, and the handler signatures it holds.
+"""What one registration is: :class:`Route`, and how its function is called (:class:`HandlerKind`).
 
 A leaf: it imports nothing of the stages, so the registry (:mod:`kinbox.app`),
 the batch processor and the middleware all depend on it and on nothing of
-each other.
+each other. The kinds themselves are in :mod:`kinbox.apply.kinds`; one is
+chosen when the handler is registered, so no call branches on a flag.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kinbox.event import Event
+
+if TYPE_CHECKING:
+    from kinbox.store.base import InboxTransaction
 
 EventHandler = Callable[[Event, Any], object]
 """``handler(event, tx)``: ``tx`` is the psycopg ``Connection``, inside the inbox transaction."""
@@ -19,17 +23,74 @@ BatchHandler = Callable[[list[Event], Any], object]
 """``handler(events, tx)``: the fresh events of one partition batch, in offset order."""
 
 
+class Calls(Protocol):
+    """What a :class:`HandlerKind` may do in one inbox transaction; the dispatcher provides it."""
+
+    @property
+    def tx(self) -> InboxTransaction:
+        """The open transaction: its savepoints and its connection, which handlers get."""
+
+    @property
+    def limit(self) -> int:
+        """Tries before an event of this route is dead-lettered."""
+
+    def permanent(self, exc: Exception, attempt: int) -> str | None:
+        """The dead-letter reason if ``exc`` on try ``attempt`` gives the event up, else ``None``.
+
+        Raises:
+            StoreError: ``exc`` comes from a database outage.
+        """
+
+    def dead_letter(self, event: Event, reason: str, error: BaseException) -> None:
+        """Give ``event`` up for ``reason``: its dead letter is recorded with the batch."""
+
+    def around_event(self, event: Event, call: Callable[[Event], object]) -> object:
+        """Run ``call(event)`` inside every middleware's ``around_event``."""
+
+    def around_events(
+        self, events: Sequence[Event], call: Callable[[Sequence[Event]], object]
+    ) -> object:
+        """Run ``call(events)`` inside every middleware's ``around_events``."""
+
+
+class HandlerKind(Protocol):
+    """How a route's function is called over the fresh events of one transaction.
+
+    ``careful`` is false on the optimistic pass (no savepoints, a permanent
+    failure abandons the pass) and true when the batch is redone after one
+    (a savepoint per call, permanent failures dead-lettered in place).
+    """
+
+    @property
+    def name(self) -> str:
+        """``event`` or ``batch``: for logs and ``repr``."""
+
+    def run(self, calls: Calls, events: list[Event], *, careful: bool) -> None:
+        """Call the function over ``events`` (in offset order).
+
+        Raises:
+            HandlerFailed: a call failed and the event will be tried again.
+            Abandoned: the optimistic pass met a permanent failure.
+            StoreError: the database went away (also when a handler saw it).
+        """
+
+
 @dataclass(frozen=True)
 class Route:
-    """One registration: which function handles a topic, and in which form."""
+    """One registration: which function handles a topic, and how it is called."""
 
     topic: str
     fn: Callable[..., object]
-    batch: bool
+    kind: HandlerKind
     max_attempts: int | None = None
     """Tries before a failing event is dead-lettered; ``None``: the ``max_attempts`` setting."""
     dead_letter_topic: str | None = None
     """Where this topic's dead letters go; ``None``: ``<topic>.dlq``."""
+
+    @property
+    def batch(self) -> bool:
+        """Whether the function takes the batch's events as one list."""
+        return self.kind.name == "batch"
 
     @property
     def dlq_topic(self) -> str:

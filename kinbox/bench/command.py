@@ -1,6 +1,7 @@
 """``kinbox bench``: the benchmark scenarios against your own Kafka cluster and PostgreSQL.
 
 It creates its own topics, consumer groups and schema under a unique prefix
+(with ``--connect-url``, also a Debezium connector and its replication slot)
 and removes them afterwards — also when interrupted (SIGINT/SIGTERM). The
 local-stack entry point (``python -m benchmarks``) runs the same code through
 :func:`execute`.
@@ -153,7 +154,27 @@ def new_prefix() -> str:
 @click.option("--latency-seconds", type=click.FloatRange(0.5), help="Duration of 'latency'.")
 @click.option("--backlog-events", type=click.IntRange(10), help="1 KB events for 'memory'.")
 @click.option("--outbox-rows", type=click.IntRange(10), help="The relay's backlog.")
+@click.option(
+    "--connect-url",
+    envvar="KINBOX_CONNECT_URL",
+    metavar="URL",
+    help="Kafka Connect REST address with Debezium's PostgreSQL connector (and kinbox's "
+    "header transform): the outbox scenario then times Debezium beside the relay. The "
+    "database needs wal_level=logical and a user with REPLICATION; a password in "
+    "--database-url reaches Connect as ${env:KINBOX_DEBEZIUM_DATABASE_PASSWORD} (set it "
+    "on the workers). Without it the CDC contender is skipped [KINBOX_CONNECT_URL].",
+)
+@click.option(
+    "--connect-database-address",
+    metavar="HOST[:PORT]",
+    help="PostgreSQL's address as Kafka Connect reaches it, if not --database-url's.",
+)
 @click.option("--prefix", help="Name prefix of everything created (default: a random one).")
+@click.option(
+    "--kafka-version",
+    metavar="VERSION",
+    help="The brokers' version, for the report's header (brokers do not tell clients).",
+)
 @click.option(
     "--json",
     "json_path",
@@ -169,18 +190,21 @@ def new_prefix() -> str:
 def bench(
     bootstrap_servers: str, database_url: str, kafka: tuple[str, ...],
     scenarios: tuple[str, ...], contenders: tuple[str, ...], quick: bool, long_mode: bool,
-    prefix: str | None, json_path: str | None, out_dir: Path | None, **sizes: int | float | None,
+    connect_url: str | None, connect_database_address: str | None, prefix: str | None,
+    kafka_version: str | None, json_path: str | None, out_dir: Path | None,
+    **sizes: int | float | None,
 ) -> None:  # fmt: skip
     """Benchmark duplicate-delivery scenarios on your own Kafka cluster and PostgreSQL.
 
     Runs kinbox (per-event, batch, and with the inbox off), the article's
     per-event design, FastStream with a hand-written inbox, and a hand-written
-    set-based consumer over the same events, checks every run's effects
-    (exactly once, or at least once where that is all a contender promises)
-    and prints events/s, latency, duplicates, peak RSS and the ratios between
-    them. Everything it creates is named PREFIX... and removed at the end,
-    also on Ctrl-C. Exit status: 0 all runs passed, 1 a run failed its
-    check, 130 interrupted.
+    set-based consumer over the same events, and the outbox relay beside
+    Debezium (with --connect-url), checks every run's effects (exactly once,
+    or at least once where that is all a contender promises) and prints
+    events/s, latency, duplicates, peak RSS and the ratios between them.
+    Everything it creates is named PREFIX... and removed at the end, also
+    on Ctrl-C. Exit status: 0 all runs passed, 1 a run failed its check,
+    130 interrupted.
     """
     chosen = Sizes.quick() if quick else Sizes()
     if long_mode:
@@ -191,6 +215,8 @@ def bench(
         target = Target(
             bootstrap_servers=bootstrap_servers, database_url=database_url,
             prefix=prefix or new_prefix(), kafka=parse_kafka_overrides(kafka),
+            connect_url=connect_url or None, connect_database_address=connect_database_address,
+            kafka_version=kafka_version,
         )  # fmt: skip
     except ConfigurationError as exc:
         die(f"configuration error: {exc}", EXIT_CONFIG)

@@ -30,6 +30,7 @@ class Context:
     tick: Callable[[float], None] = lambda _fraction: None
     """Told the fraction done of the run in progress (the progress bar)."""
     children: list[Child] = field(default_factory=list)
+    _admin: AdminClient | None = field(default=None, init=False, repr=False)
 
     def connect(self) -> psycopg.Connection[Any]:
         """An autocommit connection to the target database."""
@@ -73,26 +74,34 @@ class Context:
             child.kill()
         self.children.clear()
 
+    def holders(self, group: str) -> int | None:
+        """How many members of ``group`` hold partitions, once it is stable with all assigned.
+
+        ``None`` while it is not (joining, rebalancing, unknown to the coordinator).
+        """
+        if self._admin is None:
+            self._admin = AdminClient(self.target.client_config())
+        try:
+            found = self._admin.describe_consumer_groups([group])[group].result(10)
+        except KafkaException:
+            return None
+        held = [len(m.assignment.topic_partitions) for m in found.members if m.assignment]
+        if found.state != ConsumerGroupState.STABLE or sum(held) < PARTITIONS:
+            return None
+        return sum(1 for n in held if n)
+
     def wait_assigned(self, group: str, child: Child, timeout: float = 120.0) -> None:
         """Wait until ``group`` is stable with every partition assigned.
 
         Raises:
             KinboxError: the process exited, or the group did not settle in time.
         """
-        admin = AdminClient(self.target.client_config())
         deadline = time.monotonic() + timeout
         while True:
             if not child.alive():
                 raise KinboxError(f"{child.name} exited ({child.returncode})\n{child.log_tail()}")
-            try:
-                found = admin.describe_consumer_groups([group])[group].result(10)
-                assigned = sum(
-                    len(m.assignment.topic_partitions) for m in found.members if m.assignment
-                )
-                if found.state == ConsumerGroupState.STABLE and assigned >= PARTITIONS:
-                    return
-            except KafkaException:
-                pass  # not known to the coordinator yet
+            if self.holders(group) is not None:
+                return
             if time.monotonic() > deadline:
                 raise KinboxError(f"{group}: not assigned after {timeout:.0f}s\n{child.log_tail()}")
             time.sleep(0.05)

@@ -20,12 +20,12 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import KafkaException
 
-from kinbox.bench import loaded, outbox, runs, workload
+from kinbox.bench import cdc, loaded, outbox, runs, workload
 from kinbox.bench.contenders import Contender
 from kinbox.bench.context import Context
 from kinbox.bench.progress import Bar
 from kinbox.bench.resources import Interrupted, Namespace
-from kinbox.bench.results import RunResult
+from kinbox.bench.results import UNTIMED, RunResult
 from kinbox.bench.scenarios import EMPTY, Scenario
 from kinbox.bench.spec import Sizes, Target
 from kinbox.errors import KinboxError
@@ -52,11 +52,31 @@ def chosen(scenario: Scenario, contenders: Sequence[Contender]) -> list[Contende
     return [c for c in contenders if c.name in scenario.contenders]
 
 
-def plan_size(scenarios: Sequence[Scenario], contenders: Sequence[Contender], sizes: Sizes) -> int:
-    """How many runs the plan holds (for the progress bar)."""
+NO_CONNECT = (
+    "outbox · debezium: no Kafka Connect URL (kinbox bench --connect-url URL, or "
+    "KINBOX_CONNECT_URL), so the relay ran alone"
+)
+"""The report's line when the CDC contender cannot run."""
+
+
+def rotated(runners: Sequence[Contender], rep: int) -> list[Contender]:
+    """The order of repetition ``rep``: shifted by one each time, so none always runs first."""
+    shift = rep % len(runners) if runners else 0
+    return [*runners[shift:], *runners[:shift]]
+
+
+def plan_size(
+    scenarios: Sequence[Scenario],
+    contenders: Sequence[Contender],
+    sizes: Sizes,
+    *,
+    with_cdc: bool,
+) -> int:
+    """How many runs the plan holds (for the progress bar); ``with_cdc``: Debezium runs too."""
+    publishers = 2 if with_cdc else 1
     count = 0
     for scenario in scenarios:
-        runners = 1 if scenario.kind == "outbox" else len(chosen(scenario, contenders))
+        runners = publishers if scenario.kind == "outbox" else len(chosen(scenario, contenders))
         variants = 2 if scenario.kind == "large" else 1
         count += scenario.repeats(sizes.repeat) * runners * variants
     return count
@@ -97,7 +117,10 @@ class Harness:
                 )
         self.namespace = Namespace(target)
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="kinbox-bench-"))
-        self.bar = Bar(plan_size(self.scenarios, self.contenders, sizes)) if stream_bar else None
+        planned = plan_size(
+            self.scenarios, self.contenders, sizes, with_cdc=bool(target.connect_url)
+        )
+        self.bar = Bar(planned) if stream_bar else None
         self.ctx = Context(target, self.namespace, sizes, self.log_dir, tick=self._tick)
 
     def _tick(self, fraction: float) -> None:
@@ -134,8 +157,21 @@ class Harness:
         runners = chosen(scenario, self.contenders)
         repeat = scenario.repeats(self.sizes.repeat)
         if scenario.kind == "outbox":
+            # The relay first, then Debezium on the same table: each alone on
+            # the database while it is timed (no slot decodes the relay's run).
+            with_cdc = bool(self.target.connect_url)
             for rep in range(repeat):
-                self._execute(f"outbox · rep {rep + 1}", "outbox", "relay", rep, self._outbox(rep))
+                self._execute(
+                    f"outbox · relay · rep {rep + 1}", "outbox", "relay", rep, self._outbox(rep)
+                )
+                if with_cdc:
+                    self._execute(
+                        f"outbox · debezium · rep {rep + 1}", "outbox", "debezium", rep,
+                        self._cdc(rep),
+                    )  # fmt: skip
+            if not with_cdc:
+                self.outcome.skipped.append(NO_CONNECT)
+                self._say(NO_CONNECT)
             return
         if not runners:
             return
@@ -148,8 +184,7 @@ class Harness:
         # before it, so the two differ in the table and in nothing else.
         variants = (EMPTY, scenario.name) if scenario.kind == "large" else (scenario.name,)
         for rep in range(repeat):
-            order = runners[rep % len(runners) :] + runners[: rep % len(runners)]
-            for contender in order:
+            for contender in rotated(runners, rep):
                 for variant in variants:
                     job = self._job(scenario, contender, rep, stages, variant)
                     label = f"{variant} · {contender.name} · rep {rep + 1}"
@@ -191,6 +226,8 @@ class Harness:
             done = action()
             for result in done:
                 result.notes["wall_s"] = round(time.monotonic() - started, 1)
+                if UNTIMED in result.notes:
+                    self.outcome.skipped.append(f"{label}: no figure: {result.notes[UNTIMED]}")
             self.outcome.results += done
         except Interrupted:
             raise
@@ -206,6 +243,9 @@ class Harness:
 
     def _outbox(self, rep: int) -> Callable[[], list[RunResult]]:
         return lambda: outbox.run(self.ctx, self.namespace.schema(), rep)
+
+    def _cdc(self, rep: int) -> Callable[[], list[RunResult]]:
+        return lambda: cdc.run(self.ctx, self.namespace.schema(), rep)
 
     def _run(self, scenario: Scenario, job: runs.Job, index: int) -> Callable[[], list[RunResult]]:
         return lambda: [self._dispatch(scenario, job, index)]
@@ -233,7 +273,9 @@ class Harness:
         if scenario.kind in ("large", "latency"):
             return {}  # a topic per run, made by the run
         sizes = {
-            c.name: self.sizes.backlog_events if scenario.pad else self.sizes.scaled(c.scale)
+            c.name: self.sizes.backlog_events
+            if scenario.pad
+            else self.sizes.scaled(c.scale * scenario.events)
             for c in runners
         }
         full = workload.build(

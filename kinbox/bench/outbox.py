@@ -48,15 +48,11 @@ def _relay(ctx: Context, schema: str, name: str) -> Child:
 
 def run(ctx: Context, schema: str, rep: int) -> list[RunResult]:
     """Backlog, then latency with NOTIFY, then latency with polling only."""
-    from producer_outbox import enqueue
-
     topic = ctx.namespace.create_topic(ctx.namespace.topic("outbox", str(rep)))
-    rows, samples = ctx.sizes.outbox_rows, ctx.sizes.outbox_samples
+    rows = ctx.sizes.outbox_rows
     began = time.monotonic()
     with ctx.connect() as conn:
-        with conn.transaction(), conn.pipeline():
-            for n in range(rows):
-                enqueue(conn, topic, {"n": n, "pad": "x" * 64}, key=f"k{n % 200}", schema=schema)
+        commit_backlog(conn, schema, topic, rows)
         table = sql.Identifier(schema, "outbox")
         relay = _relay(ctx, schema, f"outbox-relay-{rep}")
         backlog = RunResult("outbox", "relay-backlog", rep)
@@ -87,21 +83,45 @@ def run(ctx: Context, schema: str, rep: int) -> list[RunResult]:
         results = [backlog]
         for notify in (True, False):
             name = "relay-notify" if notify else "relay-polling"
-            began = time.monotonic()
-            values = _latency(ctx, conn, schema, topic, samples, notify=notify)
-            result = RunResult("outbox", name, rep, records=samples)
-            result.notes["latency_s"] = round(time.monotonic() - began, 1)
-            cuts = statistics.quantiles(values, n=100, method="inclusive")
-            result.p50_ms, result.p99_ms = 1000 * cuts[49], 1000 * cuts[98]
-            result.latency_method = "COMMIT returned → record polled by a consumer"
-            results.append(result)
+            results.append(timed_latency(ctx, conn, schema, topic, name, rep, notify=notify))
         relay.stop()
     for result in results:
         result.peak_rss = relay.peak_rss
     return results
 
 
-def _latency(
+def commit_backlog(conn: psycopg.Connection[Any], schema: str, topic: str, rows: int) -> None:
+    """Enqueue ``rows`` events for ``topic`` (200 keys, ``{"n": n, ...}``) in one transaction."""
+    from producer_outbox import enqueue
+
+    with conn.transaction(), conn.pipeline():
+        for n in range(rows):
+            enqueue(conn, topic, {"n": n, "pad": "x" * 64}, key=f"k{n % 200}", schema=schema)
+
+
+def timed_latency(
+    ctx: Context,
+    conn: psycopg.Connection[Any],
+    schema: str,
+    topic: str,
+    name: str,
+    rep: int,
+    *,
+    notify: bool = True,
+) -> RunResult:
+    """The outbox scenario's latency run ``name``: :func:`latency`'s samples, p50 and p99."""
+    samples = ctx.sizes.outbox_samples
+    began = time.monotonic()
+    values = latency(ctx, conn, schema, topic, samples, notify=notify)
+    result = RunResult("outbox", name, rep, records=samples)
+    result.notes["latency_s"] = round(time.monotonic() - began, 1)
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    result.p50_ms, result.p99_ms = 1000 * cuts[49], 1000 * cuts[98]
+    result.latency_method = "COMMIT returned → record polled by a consumer"
+    return result
+
+
+def latency(
     ctx: Context,
     conn: psycopg.Connection[Any],
     schema: str,
@@ -110,6 +130,11 @@ def _latency(
     *,
     notify: bool,
 ) -> list[float]:
+    """Commit ``samples`` rows one at a time; return each COMMIT → record-polled time, seconds.
+
+    Whatever publishes ``topic`` (the relay, Debezium) must be running.
+    ``notify``: enqueue (with its NOTIFY), or the same row inserted without one.
+    """
     from producer_outbox import enqueue
 
     consumer = Consumer(

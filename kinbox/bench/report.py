@@ -24,11 +24,16 @@ from kinbox.bench.harness import Outcome
 from kinbox.bench.results import Summary, find, summarise
 from kinbox.bench.scenarios import TITLES
 from kinbox.bench.spec import Sizes, Target
+from kinbox.errors import KinboxError
 
-RELAY_LABELS = {
+OUTBOX_LABELS = {
+    "relay": "outbox relay",
     "relay-backlog": "outbox relay, backlog (one relay)",
     "relay-notify": "outbox COMMIT → consumer, LISTEN/NOTIFY",
     "relay-polling": "outbox COMMIT → consumer, polling only (1 s)",
+    "debezium": "outbox via Debezium (CDC)",
+    "debezium-backlog": "outbox via Debezium, backlog (one connector task)",
+    "debezium-latency": "outbox COMMIT → consumer, Debezium",
 }
 
 
@@ -54,7 +59,8 @@ def header(target: Target, sizes: Sizes) -> dict[str, Any]:
             "shared_buffers": show("shared_buffers"),
         }  # fmt: skip
     return {
-        "kafka": target.kafka_version or "not reported (brokers do not tell clients)",
+        "kafka": target.kafka_version or "not given (--kafka-version)",
+        "kafka_connect": _connect_versions(target),
         "postgresql": postgres,
         "librdkafka": confluent_kafka.libversion()[0],
         "confluent_kafka": _version("confluent-kafka"),
@@ -65,6 +71,21 @@ def header(target: Target, sizes: Sizes) -> dict[str, Any]:
         "platform": platform.platform(),
         "sizes": sizes.__dict__,
     }
+
+
+def _connect_versions(target: Target) -> str | None:
+    """``Kafka Connect <v>, Debezium <v>`` of the CDC contender's worker, if there is one."""
+    if not target.connect_url:
+        return None
+    from producer_outbox.connect_api import ConnectClient
+    from producer_outbox.debezium import CONNECTOR_CLASS
+
+    try:
+        client = ConnectClient(target.connect_url)
+        debezium = client.plugins().get(CONNECTOR_CLASS, "not installed")
+        return f"Kafka Connect {client.version()}, Debezium {debezium}"
+    except KinboxError as exc:
+        return f"unknown ({exc})"
 
 
 def headline(summaries: Sequence[Summary]) -> dict[str, float | None]:
@@ -99,6 +120,12 @@ def headline(summaries: Sequence[Summary]) -> dict[str, float | None]:
         "relay_backlog_rows_per_s": rate("outbox", "relay-backlog"),
         "notify_p50_ms": get("outbox", "relay-notify", "p50_ms"),
         "notify_p99_ms": get("outbox", "relay-notify", "p99_ms"),
+        "debezium_backlog_rows_per_s": rate("outbox", "debezium-backlog"),
+        "debezium_vs_relay_backlog": ratio(
+            rate("outbox", "debezium-backlog"), rate("outbox", "relay-backlog")
+        ),
+        "debezium_p50_ms": get("outbox", "debezium-latency", "p50_ms"),
+        "debezium_p99_ms": get("outbox", "debezium-latency", "p99_ms"),
         "worker_peak_rss_mb_memory": _mb(max(
             (s.peak_rss for s in summaries if s.ok and s.scenario == "memory"
              and s.contender.startswith("kinbox")), default=0)),
@@ -133,8 +160,8 @@ def _ratio(value: float | None) -> str:
 
 
 def _label(contender: str) -> str:
-    if contender in RELAY_LABELS:
-        return RELAY_LABELS[contender]
+    if contender in OUTBOX_LABELS:
+        return OUTBOX_LABELS[contender]
     found = CONTENDERS.get(contender)
     return found.label if found else contender
 
@@ -160,7 +187,8 @@ def markdown(data: dict[str, Any], outcome: Outcome) -> str:
         f"Kafka {h['kafka']} · PostgreSQL {pg['version']} (fsync={pg['fsync']}, "
         f"synchronous_commit={pg['synchronous_commit']}) · librdkafka {h['librdkafka']} · "
         f"confluent-kafka {h['confluent_kafka']} · Python {h['python']} · "
-        f"FastStream {h['faststream']} · {h['cores']} cores",
+        f"FastStream {h['faststream']} · {h['cores']} cores"
+        + (f" · {h['kafka_connect']}" if h.get("kafka_connect") else ""),
         "",
         "| scenario | contender | events/s (median, min-max) | x article | x ceiling "
         "| p50 / p99 ms | duplicates suppressed | effects applied | peak RSS MB |",

@@ -13,6 +13,9 @@ from typing import Any
 
 from kinbox.bench.contenders import ARTICLE, CEILING
 
+UNTIMED = "untimed"
+"""A note saying why a run that passed its check has no figure (its scenario did not happen)."""
+
 
 @dataclass
 class RunResult:

@@ -13,7 +13,10 @@ redelivery one member SIGKILLed between its database commit and its offset
 replay     the group consumes everything, its offsets are reset to the
            beginning, and it consumes everything again: 100% duplicates.
 storm      members join and leave during the run (1 → 2 → 3 → 2 → 1,
-           at 20/40/60/80% of the records; leaving is a clean SIGTERM).
+           from 20% of the records on, each change as soon as the one
+           before has taken effect; leaving is a clean SIGTERM), on 4x the
+           events so the run outlasts the changes. A run whose topic was
+           done first is checked but gives no figure (the report says so).
 large      ``processed_events`` holds millions of rows of the group before the
            run (claims land in a big index); each run follows the same run
            on an empty table (reported as ``empty``), so the two differ in
@@ -22,7 +25,9 @@ latency    1k events/s offered to a running member; produce → effect
            committed, p50/p99.
 memory     a backlog of 1 KB events: peak RSS of the consumer process.
 outbox     the outbox relay: a backlog's throughput, and commit → consumer
-           latency woken by LISTEN/NOTIFY and by polling only.
+           latency woken by LISTEN/NOTIFY and by polling only; then the same
+           table published by Debezium (CDC) through Kafka Connect, when the
+           target has a Connect URL.
 ========== ===================================================================
 
 Which contenders: every one runs the consumer scenarios, except that the
@@ -30,8 +35,8 @@ inbox-off contender has no claim to slow down in ``large``; a contender whose
 clean-stream rate in the same run is below the offered load is left out of
 ``latency`` (said so in the report), because its latency would only measure
 its queue; ``memory`` compares kinbox with the ceiling only (the
-slow contenders would take minutes); ``outbox`` is the relay's alone — none of
-the others has one.
+slow contenders would take minutes); ``outbox`` is the relay's and
+Debezium's — none of the consumers has one.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ from dataclasses import dataclass
 from kinbox.bench.contenders import CONTENDERS
 
 ALL = tuple(c.name for c in CONTENDERS)
+
+OUTBOX_CONTENDERS = ("relay", "debezium")
+"""What publishes the outbox scenario's rows: ``kinbox outbox relay``, and Debezium (CDC)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,8 @@ class Scenario:
     """Producer duplicates, as a share of the unique events."""
     pad: int = 0
     """Payload padding in bytes."""
+    events: float = 1.0
+    """Events per run, as a multiple of the sizes' (a storm must outlast its changes)."""
     repeat: int | None = None
     """At most this many runs per contender (fewer if the sizes' ``repeat`` says so)."""
 
@@ -72,7 +82,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "redelivery", "consumer killed after DB commit, restarted", "redelivery"
     ),
     Scenario("replay", "full replay (100% duplicates)", "replay"),
-    Scenario("storm", "rebalance storm (members join and leave)", "storm"),
+    Scenario("storm", "rebalance storm (members join and leave)", "storm", events=4.0),
     Scenario(
         "large", "large processed_events", "large",
         contenders=tuple(n for n in ALL if n != "inbox-off"),
@@ -82,7 +92,10 @@ SCENARIOS: tuple[Scenario, ...] = (
         "memory", "backlog of 1 KB events (peak RSS)", "steady",
         contenders=("kinbox-each", "kinbox-batch", "ceiling"), pad=1000, repeat=1,
     ),
-    Scenario("outbox", "outbox relay", "outbox", contenders=("relay",), repeat=1),
+    Scenario(
+        "outbox", "outbox: relay and Debezium (CDC)", "outbox",
+        contenders=OUTBOX_CONTENDERS, repeat=1,
+    ),
 )  # fmt: skip
 """Every scenario, in report order."""
 

@@ -16,6 +16,9 @@ from kinbox.errors import ConfigurationError
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_]{2,39}$")
 """A namespace prefix: legal both as a PostgreSQL identifier and inside a topic name."""
 
+CONNECT_URL_PATTERN = re.compile(r"^https?://[^/\s]+(/\S*)?$")
+"""Kafka Connect's REST address."""
+
 # librdkafka properties of a consumer only; a producer or admin client given
 # them would log a warning for each.
 CONSUMER_ONLY = ("group.", "session.", "heartbeat.", "max.poll.", "auto.", "enable.auto",
@@ -34,6 +37,11 @@ class Target:
             with it; all of them are removed at the end.
         kafka_version: the broker's version when known (brokers do not tell
             clients their version; the local stack knows what it started).
+        connect_url: a Kafka Connect REST address with Debezium's PostgreSQL
+            connector, for the outbox scenario's CDC contender (none: it is
+            skipped, and the report says so).
+        connect_database_address: ``host[:port]`` of PostgreSQL as Connect
+            reaches it, when that differs from ``database_url``'s.
     """
 
     bootstrap_servers: str
@@ -41,12 +49,19 @@ class Target:
     prefix: str
     kafka: Mapping[str, str] = field(default_factory=dict)
     kafka_version: str | None = None
+    connect_url: str | None = None
+    connect_database_address: str | None = None
 
     def __post_init__(self) -> None:
         if not PREFIX_PATTERN.match(self.prefix):
             raise ConfigurationError(
                 f"prefix={self.prefix!r} is not allowed: 3-40 characters of a-z, 0-9 and _, "
                 "starting with a letter (it names a schema and prefixes topics)"
+            )
+        if self.connect_url is not None and not CONNECT_URL_PATTERN.match(self.connect_url):
+            raise ConfigurationError(
+                f"connect_url={self.connect_url!r} is not allowed: Kafka Connect's REST "
+                "address, http(s)://host:port"
             )
 
     @property
@@ -89,7 +104,7 @@ class Sizes:
     def quick(cls) -> Sizes:
         """Seconds per run: proves every contender and scenario runs; no figure to quote."""
         return cls(
-            events=300, repeat=1, kills=1, large_rows=20_000, latency_rate=200,
+            events=300, repeat=1, kills=2, large_rows=20_000, latency_rate=200,
             latency_seconds=1.0, backlog_events=600, outbox_rows=300, outbox_samples=5,
             min_events=30,
         )  # fmt: skip

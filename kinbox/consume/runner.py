@@ -28,6 +28,7 @@ from kinbox.consume.inflight import InFlight, Results
 from kinbox.consume.offsets import Offsets
 from kinbox.errors import ConfigurationError, FatalTransportError, TransportError
 from kinbox.kafka.base import Partition, Publisher, Transport
+from kinbox.middleware.base import Chain, WorkerInfo
 from kinbox.store.base import InboxStore
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,9 @@ class Runner:
     def run(self) -> None:
         """Consume until :meth:`stop`; then commit what is committed in the DB and close.
 
+        The middleware's ``before_worker_start`` runs first and its
+        ``after_worker_stop`` last, on every path.
+
         Raises:
             FatalTransportError: the consumer is fatally broken (fenced by a
                 member with its ``group.instance.id``, say). The worker must
@@ -114,6 +118,23 @@ class Runner:
                 already committed stay valid; a restart resumes from them.
             TransportError: Kafka refused the subscription.
         """
+        worker = WorkerInfo(self._settings.group_id, tuple(self._app.topics))
+        chain = Chain(self._app.middleware)
+        try:
+            chain.before_worker_start(worker)
+        except BaseException:
+            self._close()
+            raise
+        error: BaseException | None = None
+        try:
+            self._consume()
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            chain.after_worker_stop(worker, error)
+
+    def _consume(self) -> None:
         self._transport.subscribe(self._app.topics, self)
         log.info(
             "kinbox worker consuming %s as group %r", self._app.topics, self._settings.group_id
@@ -133,17 +154,20 @@ class Runner:
                 raise
             raise error from exc
         finally:
-            # A batch still running (an exception interrupted the wait) ends
-            # first: its transaction must not race the pool's close.
-            self._inflight.shutdown()
-            if not self._broken:  # a fatally broken consumer refuses every commit
-                self._offsets.commit()
-            # close() revokes the assignment: on_revoked commits anything left.
-            self._transport.close()
-            self._store.close()
-            if self._publisher is not None:
-                self._publisher.close()
-            log.info("kinbox worker stopped")
+            self._close()
+
+    def _close(self) -> None:
+        # A batch still running (an exception interrupted the wait) ends
+        # first: its transaction must not race the pool's close.
+        self._inflight.shutdown()
+        if not self._broken:  # a fatally broken consumer refuses every commit
+            self._offsets.commit()
+        # close() revokes the assignment: on_revoked commits anything left.
+        self._transport.close()
+        self._store.close()
+        if self._publisher is not None:
+            self._publisher.close()
+        log.info("kinbox worker stopped")
 
     def _explained(self, exc: FatalTransportError) -> FatalTransportError:
         """``exc``, or the consumer's own account of the fatal error if ``exc`` lacks it.

@@ -16,8 +16,9 @@ The names below load on first use (PEP 562), so ``producer_outbox`` can use
 :mod:`kinbox.kafka.errors` without loading the consumer's modules.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kinbox.lazy import exports as _exports
 
 if TYPE_CHECKING:
     from kinbox.kafka.base import Partition, Publisher, RebalanceListener, Transport
@@ -45,15 +46,4 @@ _SOURCES = {
     "read_topic": "kinbox.kafka.reader",
 }
 
-
-def __getattr__(name: str) -> Any:
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module 'kinbox.kafka' has no attribute {name!r}")
-    value = getattr(importlib.import_module(source), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _exports(__name__, _SOURCES)

@@ -1,19 +1,36 @@
-"""Middleware: layers that watch every partition batch, in the manner of dramatiq.
+"""Middleware: layers around the worker, every partition batch and every handler call.
 
-A :class:`Middleware` overrides the hooks it needs; each default does nothing.
-Hooks run on the batch thread, for one partition batch at a time:
+A :class:`Middleware` overrides the hooks it needs; each default does nothing
+(or, for the ``around_*`` wrappers, just calls through). Hooks that open
+something have a matching hook that runs on every path, errors included, so a
+span or a context opened in one is always closed in the other.
 
+``before_worker_start`` / ``after_worker_stop``
+    once per worker, on its consume loop's thread, before it joins the group
+    and after it has left. An exception in ``before_worker_start`` stops the
+    worker from starting; the layers already started get ``after_worker_stop``.
 ``before_batch``
-    in registration order, before any database work. An exception here
-    propagates: the batch is not applied, nothing is committed past it, and
-    the worker stops, loudly — a broken layer must not let events through
-    unobserved.
+    in registration order, on the batch thread, before any database work. An
+    exception here propagates: the batch is not applied, nothing is committed
+    past it, and the worker stops, loudly — a broken layer must not let events
+    through unobserved. The layers whose ``before_batch`` ran still get their
+    ``after_batch``, with the error.
+``around_event`` / ``around_events``
+    around each call of a per-event handler (one event) or a batch handler
+    (the batch's fresh events), inside the inbox transaction; the first
+    registered is the outermost. A wrapper calls ``call_next`` once and
+    returns what it returned; the handler's exception must pass through
+    unchanged (re-raise it), because the failure policy judges exactly what
+    the handler raised. A handler may be called again for the same event
+    when its batch is redone (see :mod:`kinbox.apply.dispatch`).
 ``after_dead_letter``
     in reverse order, once per dead letter whose transaction committed (a
     rolled-back one is never reported).
 ``after_batch``
-    in reverse order, with the :class:`~kinbox.apply.batch.BatchResult`, whether
-    the batch committed, stopped at a failure or did both.
+    in reverse order, with the :class:`~kinbox.apply.outcome.BatchResult`,
+    whether the batch committed, stopped at a failure or did both, and with
+    ``error`` set when something raised instead (the result then says nothing
+    was committed).
 
 A failing ``after_*`` hook is logged and never raised: the batch is already
 committed (or rolled back) and its offsets must still move.
@@ -26,19 +43,43 @@ Register with ``App(middleware=[...])`` (which replaces the defaults) or
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from kinbox.apply.outcome import BatchResult
 
 if TYPE_CHECKING:
     from kinbox.apply.deadletter import Letter
-    from kinbox.apply.outcome import BatchResult
     from kinbox.consume.envelope import Record
+    from kinbox.event import Event
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Who is starting or stopping: what ``before_worker_start`` and ``after_worker_stop`` get.
+
+    Attributes:
+        group_id: the consumer group (also the inbox's dedup scope).
+        topics: the topics the worker consumes, sorted.
+    """
+
+    group_id: str
+    topics: tuple[str, ...]
 
 
 class Middleware:
     """Base class of kinbox middleware: every hook is a no-op until overridden."""
+
+    def before_worker_start(self, worker: WorkerInfo) -> None:
+        """Called once, before the worker joins its group."""
+
+    def after_worker_stop(self, worker: WorkerInfo, error: BaseException | None) -> None:
+        """Called once, after the worker left its group; ``error`` if it stopped on one."""
 
     def before_batch(self, topic: str, partition: int, records: Sequence[Record]) -> None:
         """Called before a partition batch is applied.
@@ -50,16 +91,33 @@ class Middleware:
                 consumed (duplicates and records without a valid id included).
         """
 
+    def around_event(self, event: Event, call_next: Callable[[Event], object]) -> object:
+        """Wrap one call of a per-event handler; return ``call_next(event)``."""
+        return call_next(event)
+
+    def around_events(
+        self, events: Sequence[Event], call_next: Callable[[Sequence[Event]], object]
+    ) -> object:
+        """Wrap one call of a batch handler; return ``call_next(events)``."""
+        return call_next(events)
+
     def after_dead_letter(self, letter: Letter) -> None:
         """Called for a dead letter the broker acknowledged and the database recorded."""
 
     def after_batch(
-        self, topic: str, partition: int, records: Sequence[Record], result: BatchResult
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[Record],
+        result: BatchResult,
+        error: BaseException | None,
     ) -> None:
         """Called after a partition batch, with what happened to it.
 
         ``result.next_offset`` is ``None`` when no transaction committed;
-        ``result.failure`` says where the partition stopped, if it did.
+        ``result.failure`` says where the partition stopped, if it did;
+        ``error`` is what raised out of the batch (a ``before_batch`` hook,
+        say), in which case nothing was committed and the worker stops.
         """
 
 
@@ -69,11 +127,62 @@ class Chain:
     def __init__(self, middleware: Sequence[Middleware]) -> None:
         self._forward = tuple(middleware)
         self._backward = self._forward[::-1]
+        # Bound once: the around-wrappers are on the hot path, one per call.
+        self._event_layers = [
+            m.around_event for m in self._forward if _overrides(m, "around_event")
+        ]
+        self._batch_layers = [
+            m.around_events for m in self._forward if _overrides(m, "around_events")
+        ]
+
+    def before_worker_start(self, worker: WorkerInfo) -> list[Middleware]:
+        """Call every ``before_worker_start`` in order; return the layers that started.
+
+        Raises:
+            Exception: what a hook raised, after ``after_worker_stop`` ran for
+                the layers that had started.
+        """
+        started: list[Middleware] = []
+        for layer in self._forward:
+            try:
+                layer.before_worker_start(worker)
+            except BaseException as exc:
+                _stop(started, worker, exc)
+                raise
+            started.append(layer)
+        return started
+
+    def after_worker_stop(self, worker: WorkerInfo, error: BaseException | None) -> None:
+        """Call every ``after_worker_stop`` in reverse order; log failures."""
+        _stop(list(self._forward), worker, error)
 
     def before_batch(self, topic: str, partition: int, records: Sequence[Record]) -> None:
-        """Call every ``before_batch`` in order; an exception propagates."""
-        for layer in self._forward:
-            layer.before_batch(topic, partition, records)
+        """Call every ``before_batch`` in order.
+
+        Raises:
+            Exception: what a hook raised; ``after_batch`` then runs, with the
+                error, for the layers before it (see :meth:`after_batch`).
+        """
+        for done, layer in enumerate(self._forward):
+            try:
+                layer.before_batch(topic, partition, records)
+            except BaseException as exc:
+                self.after_batch(topic, partition, records, BatchResult(None), exc, started=done)
+                raise
+
+    def around_event(self, event: Event, call: Callable[[Event], object]) -> object:
+        """``call(event)`` inside every ``around_event``, the first registered outermost."""
+        for layer in reversed(self._event_layers):
+            call = _wrap(layer, call)
+        return call(event)
+
+    def around_events(
+        self, events: Sequence[Event], call: Callable[[Sequence[Event]], object]
+    ) -> object:
+        """``call(events)`` inside every ``around_events``, the first registered outermost."""
+        for layer in reversed(self._batch_layers):
+            call = _wrap(layer, call)
+        return call(events)
 
     def after_dead_letter(self, letter: Letter) -> None:
         """Call every ``after_dead_letter`` in reverse order; log failures."""
@@ -84,11 +193,38 @@ class Chain:
                 log.exception("middleware %r failed in after_dead_letter (ignored)", layer)
 
     def after_batch(
-        self, topic: str, partition: int, records: Sequence[Record], result: BatchResult
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[Record],
+        result: BatchResult,
+        error: BaseException | None = None,
+        *,
+        started: int | None = None,
     ) -> None:
-        """Call every ``after_batch`` in reverse order; log failures."""
-        for layer in self._backward:
+        """Call ``after_batch`` in reverse order (of the first ``started`` layers); log failures."""
+        layers = self._forward if started is None else self._forward[:started]
+        for layer in reversed(layers):
             try:
-                layer.after_batch(topic, partition, records, result)
+                layer.after_batch(topic, partition, records, result, error)
             except Exception:
                 log.exception("middleware %r failed in after_batch (ignored)", layer)
+
+
+def _overrides(layer: Middleware, hook: str) -> bool:
+    """Whether ``layer`` has its own ``hook``: the default only calls through."""
+    return getattr(type(layer), hook) is not getattr(Middleware, hook)
+
+
+def _wrap(
+    layer: Callable[[T, Callable[[T], object]], object], inner: Callable[[T], object]
+) -> Callable[[T], object]:
+    return lambda value: layer(value, inner)
+
+
+def _stop(layers: list[Middleware], worker: WorkerInfo, error: BaseException | None) -> None:
+    for layer in reversed(layers):
+        try:
+            layer.after_worker_stop(worker, error)
+        except Exception:
+            log.exception("middleware %r failed in after_worker_stop (ignored)", layer)

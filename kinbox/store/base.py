@@ -60,6 +60,11 @@ class InboxTransaction(Protocol):
         Database errors inside (the handler's) are translated to
         :class:`~kinbox.errors.StoreError`, transient only for an outage
         (:func:`kinbox.store.errors.transient` with ``own=False``).
+
+        Raises:
+            StoreError: also when the block ends normally but left the
+                transaction aborted (a handler swallowed a database error); its
+                work is rolled back all the same and the transaction goes on.
         """
 
     def unguarded(self) -> AbstractContextManager[None]:

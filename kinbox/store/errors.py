@@ -110,3 +110,16 @@ def transient_cause(exc: BaseException) -> StoreError | None:
             return translate(current, own=False)
         current = current.__cause__ or current.__context__
     return None
+
+
+def left_aborted() -> StoreError:
+    """The error for a handler that returned normally but left its transaction aborted.
+
+    It caught a database error and carried on; the failure is its event's
+    (not transient), never the next handler's, whose first statement would fail.
+    """
+    return StoreError(
+        "InFailedSqlTransaction: the handler returned normally but left the "
+        "transaction aborted (did it catch a database error and carry on?)",
+        transient=False,
+    )

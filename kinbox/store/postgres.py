@@ -26,7 +26,7 @@ from kinbox.event import Event
 from kinbox.names import sql_identifier
 from kinbox.store import migrations
 from kinbox.store.base import InboxTransaction, first_occurrences
-from kinbox.store.errors import transient_cause, translate
+from kinbox.store.errors import left_aborted, transient_cause, translate
 from kinbox.store.schema import INBOX
 
 
@@ -182,6 +182,11 @@ class _PostgresTransaction:
         try:
             with self._conn.transaction():
                 yield
+                # RELEASE would fail here, and psycopg would leave the whole
+                # transaction aborted: every later savepoint would fail too, and
+                # the next events would be blamed. Raising inside the block makes
+                # psycopg roll back to the savepoint instead.
+                self._raise_if_aborted()
         except psycopg.Error as exc:
             raise translate(exc, own=False) from exc
 
@@ -191,15 +196,15 @@ class _PostgresTransaction:
             yield
         except psycopg.Error as exc:
             raise translate(exc, own=False) from exc
-        # libpq tracks the status locally: no round trip. A savepoint's
-        # RELEASE would fail here; without one, the next handler's first
-        # statement would, and take the blame.
+        # Without a savepoint, the next handler's first statement would fail
+        # and take the blame.
+        self._raise_if_aborted()
+
+    def _raise_if_aborted(self) -> None:
+        """Blame the handler that returned normally but left the transaction aborted."""
+        # libpq tracks the status locally: no round trip.
         if self._conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            raise StoreError(
-                "InFailedSqlTransaction: the handler returned normally but left the "
-                "transaction aborted (did it catch a database error and carry on?)",
-                transient=False,
-            )
+            raise left_aborted()
 
     def outage(self, exc: BaseException) -> StoreError | None:
         return transient_cause(exc)

@@ -78,8 +78,9 @@ def _stream(run: Run, count: int) -> tuple[list[RawRecord], list[str | None], se
         else:
             ids.append(event_id)
         records.append(RawRecord(partition, json.dumps(fields).encode(), headers))
-    plain = [i for i, r in enumerate(records) if ids[i] and i not in refused and not _keyed(r)]
     for _ in range(run.rng.randint(0, 10)):
+        # Chosen afresh after each insert: the indexes shift.
+        plain = [i for i, r in enumerate(records) if ids[i] and i not in refused and not _keyed(r)]
         copy = records[run.rng.choice(plain)]
         at = run.rng.randrange(len(records) + 1)
         records.insert(at, RawRecord(run.rng.randrange(run.partitions), copy.value, copy.headers))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ from kinbox.devstack.connect import KafkaConnect
 from producer_outbox.cli import outbox
 from producer_outbox.connect_api import ConnectClient, register
 from producer_outbox.debezium import DebeziumSettings, connector_config, refuse_bytes_payloads
+from producer_outbox.slots import drop_slot
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -68,6 +68,7 @@ def outbox_connector(
     schema: str,
     *,
     heartbeat_ms: int = 1000,
+    header_columns: tuple[str, ...] = (),
     extra: dict[str, str] | None = None,
 ) -> Iterator[Cdc]:
     """Register a Debezium connector for ``<schema>.outbox``; remove it and its slot afterwards.
@@ -82,6 +83,11 @@ def outbox_connector(
         topic_prefix=f"cdc{suffix}",
         slot_name=f"kinbox_{suffix}",
         heartbeat_ms=heartbeat_ms,
+        # COLUMN[:HEADER], as the command reads it: the header is named after the column.
+        header_columns={
+            column: header or column
+            for column, _, header in (item.partition(":") for item in header_columns)
+        },
     )
     cdc = Cdc(connect, settings.name, settings.slot_name, database_url)
     try:
@@ -90,7 +96,8 @@ def outbox_connector(
                 outbox,
                 ["debezium-config", "--register", connect.rest_url, "--name", settings.name,
                  "--topic-prefix", settings.topic_prefix, "--slot-name", settings.slot_name,
-                 "--heartbeat-ms", str(heartbeat_ms), "--timeout", "90"],
+                 "--heartbeat-ms", str(heartbeat_ms), "--timeout", "90",
+                 *(arg for column in header_columns for arg in ("--header-column", column))],
                 env={"KINBOX_DATABASE_URL": database_url, "KINBOX_SCHEMA": schema},
             )  # fmt: skip
             assert result.exit_code == 0, result.output
@@ -113,21 +120,7 @@ def drop(cdc: Cdc) -> None:
         with contextlib.suppress(Exception):
             ConnectClient(cdc.connect.rest_url).delete(cdc.name)
     with psycopg.connect(cdc.database_url, autocommit=True) as conn:
-        deadline = time.monotonic() + 30
-        while True:
-            row = conn.execute(
-                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (cdc.slot,)
-            ).fetchone()
-            if row is None:
-                break
-            if row[0] is not None:
-                if time.monotonic() < deadline:
-                    time.sleep(0.2)
-                    continue
-                conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
-                time.sleep(0.5)
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (cdc.slot,))
-            break
+        drop_slot(conn, cdc.slot)
         conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(cdc.slot)))
 
 

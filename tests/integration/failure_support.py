@@ -44,6 +44,16 @@ def effect_app(
     return app
 
 
+def poison_app(topic: str, schema: str, group: str, poison: str = "poison", **route: Any) -> App:
+    """:func:`effect_app` whose handler can never apply the event ``poison``."""
+
+    def before(event: Event) -> None:
+        if event.id == poison:
+            raise ValueError("cannot be applied")
+
+    return effect_app(topic, schema, group, before, **route)
+
+
 def statuses(db: Conn, schema: str, group: str) -> dict[str, tuple[str, str | None]]:
     """``processed_events`` of ``group``: id -> (status, reason)."""
     rows = db.execute(

@@ -161,6 +161,35 @@ def test_complete_lesson_through_debezium_is_applied_once_in_key_order(
         assert [r.event_id for r in after] == [str(side_id), str(marker)]
 
 
+def test_a_trace_context_column_becomes_a_header_through_the_hook(
+    stack: Stack, connect: KafkaConnect, schema: str, db: Conn, make_topic: MakeTopic
+) -> None:
+    # Given an outbox with a trace-context column (no DEFAULT: the writer fills it) ...
+    migrate(db, schema, [OUTBOX])
+    outbox_table = sql.Identifier(schema, "outbox")
+    db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN traceparent text").format(outbox_table))
+    insert = sql.SQL(
+        "INSERT INTO {} (id, topic, aggregatetype, aggregateid, payload, traceparent)"
+        " VALUES (%s, %s, %s, 'k', '{{}}', %s)"
+    ).format(outbox_table)
+    topic = make_topic()
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    traced, untraced = uuid.uuid4(), uuid.uuid4()
+    # ... and the connector registered with `--header-column traceparent`
+    with (
+        outbox_connector(connect, stack.database_url, schema, header_columns=("traceparent",)),
+        psycopg.connect(stack.database_url) as conn,
+    ):
+        with conn.transaction():
+            conn.execute(insert, (traced, topic, topic, traceparent))
+            conn.execute(insert, (untraced, topic, topic, None))
+        records = {r.event_id: r for r in consume(stack, topic, 2)}
+    # Then the column's value is the record's header, and a NULL adds no header
+    assert records[str(traced)].headers["traceparent"] == traceparent.encode()
+    assert "traceparent" not in records[str(untraced)].headers
+    assert records[str(untraced)].headers["event-id"] == str(untraced).encode()
+
+
 def test_connect_sigkilled_mid_stream_duplicates_are_suppressed(
     stack: Stack, connect: KafkaConnect, schema: str, db: Conn
 ) -> None:
@@ -315,6 +344,13 @@ def test_heartbeat_moves_the_slot_on_a_quiet_outbox(
 ) -> None:
     migrate(db, schema, [OUTBOX])
     with outbox_connector(connect, stack.database_url, schema, heartbeat_ms=500) as cdc:
+        # The connector's publication holds the outbox table alone, so the
+        # server decodes nothing else for its slot (the scratch table below included)
+        published = db.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+            (cdc.slot,),
+        ).fetchall()
+        assert published == [(schema, "outbox")]
         # Given nothing written to the outbox, but WAL written elsewhere
         write_wal(db, schema, megabytes=2)
         target = cdc.slot_row()[3]

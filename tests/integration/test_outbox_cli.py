@@ -59,3 +59,59 @@ def test_status_shows_backlog_and_parked_rows_and_cleanup_removes_only_old_sent(
     assert cleaned.returncode == 0, cleaned.stderr
     assert count(db, schema) == 4
     assert count(db, schema, "status = 'sent'") == 1
+
+
+def test_cleanup_under_cdc_goes_by_age_whatever_the_status(
+    stack: Stack, schema: str, db: Conn
+) -> None:
+    # Given 6 rows as CDC leaves them, all pending (nothing marks them sent):
+    # 3 created 10 days ago, 3 just now
+    migrate_outbox(db, schema)
+    enqueue_many(stack.database_url, schema, "orders", [(f"k{n}", n) for n in range(6)])
+    outbox = sql.Identifier(schema, "outbox")
+    db.execute(
+        sql.SQL(
+            "UPDATE {0} SET created_at = now() - interval '10 days'"
+            " WHERE seq IN (SELECT seq FROM {0} ORDER BY seq LIMIT 3)"
+        ).format(outbox)
+    )
+    # When the relay's cleanup runs, nothing goes: no row is sent
+    relay_mode = outbox_command(stack, schema, "cleanup", "--retention-days", "7")
+    assert relay_mode.returncode == 0, relay_mode.stderr
+    assert count(db, schema) == 6
+    # When the CDC cleanup runs with a 7-day retention, in batches of 2
+    cdc_mode = outbox_command(
+        stack, schema, "cleanup", "--cdc", "--retention-days", "7", "--batch-size", "2"
+    )
+    # Then the old rows are gone and the young ones stay, pending as they were
+    assert cdc_mode.returncode == 0, cdc_mode.stderr
+    assert "deleted 3 outbox rows older than 7 days" in cdc_mode.stdout
+    assert count(db, schema) == 3
+    assert count(db, schema, "status = 'pending' AND created_at > now() - interval '1 day'") == 3
+
+
+def test_debezium_register_refuses_a_header_column_with_a_default_or_none_at_all(
+    stack: Stack, schema: str, db: Conn
+) -> None:
+    # Given a trace column with a DEFAULT, which Debezium would publish for a NULL
+    migrate_outbox(db, schema)
+    db.execute(
+        sql.SQL("ALTER TABLE {} ADD COLUMN traceparent text DEFAULT ''").format(
+            sql.Identifier(schema, "outbox")
+        )
+    )
+    for column, reason in (("traceparent", "has a DEFAULT"), ("tracestate", "no such column")):
+        # When it is registered as a header column (Connect is never reached)
+        refused = outbox_command(
+            stack, schema, "debezium-config", "--register", "http://127.0.0.1:9",
+            "--header-column", column,
+        )  # fmt: skip
+        # Then registration stops at once with the configuration exit code, naming it
+        assert refused.returncode == 2, refused.stderr
+        assert column in refused.stderr and reason in refused.stderr
+    # ... before it changed the outbox
+    assert db.execute(
+        "SELECT count(*) FROM pg_constraint WHERE conname = 'outbox_cdc_json_only'"
+        " AND conrelid = to_regclass(%s)",
+        (f"{schema}.outbox",),
+    ).fetchone() == (0,)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -158,3 +159,55 @@ def test_cleanup_deletes_only_old_sent_rows_in_batches(schema: str, db: Conn) ->
     assert delete_sent(db, schema, batch=2) == 5
     assert count(db, schema) == 2
     assert count(db, schema, "status = 'sent'") == 0
+
+
+def test_relay_cleans_up_on_its_schedule_and_a_failing_cleanup_never_stops_it(
+    stack: Stack,
+    make_topic: MakeTopic,
+    schema: str,
+    db: Conn,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    migrate_outbox(db, schema)
+    topic = make_topic()
+    table = f"{schema}.outbox"
+
+    def age_sent(n: int) -> None:
+        # One transaction: the relay never sees these rows pending.
+        with db.transaction():
+            for i in range(n):
+                enqueue(db, topic, {"old": i}, schema=schema)
+            db.execute(
+                f"UPDATE {table} SET status = 'sent', sent_at = now() - interval '8 days'"
+                " WHERE status = 'pending'"
+            )
+
+    # Given two sent rows past the retention, and a cleanup whose first run fails
+    age_sent(2)
+    runs: list[int] = []
+
+    def flaky_delete_sent(*args: Any, **kwargs: Any) -> int:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            raise psycopg.errors.InsufficientPrivilege("permission denied for table outbox")
+        return delete_sent(*args, **kwargs)
+
+    monkeypatch.setattr("producer_outbox.relay.delete_sent", flaky_delete_sent)
+    with (
+        caplog.at_level(logging.ERROR, logger="producer_outbox.schedule"),
+        running_relay(stack, schema, cleanup_interval=0.5),
+    ):
+        # When the relay starts: its cleanup fails at once, is logged, and the relay publishes
+        wait_for(lambda: runs != [], what="the first cleanup")
+        fresh = enqueue(db, topic, {"n": "fresh"}, schema=schema)
+        wait_for(lambda: count(db, schema, f"id = '{fresh}' AND status = 'sent'") == 1)
+        # Then the next run, one interval later, deletes the old rows, and the one after
+        # that deletes rows that aged since.
+        wait_for(lambda: count(db, schema) == 1, what="old rows deleted")
+        age_sent(1)
+        wait_for(lambda: count(db, schema) == 1, what="newly aged row deleted")
+    assert "upkeep task 'cleanup' failed" in caplog.text
+    assert "permission denied" in caplog.text
+    assert len(runs) >= 3
+    assert [r.event_id for r in consume(stack, topic, 1, linger=1.0)] == [str(fresh)]

@@ -117,7 +117,12 @@ class DeliveryLog(Middleware):
         _log("\n".join(f"d {r.partition} {r.offset} {_header_id(r)}" for r in records))
 
     def after_batch(
-        self, topic: str, partition: int, records: Sequence[Record], result: BatchResult
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[Record],
+        result: BatchResult,
+        error: BaseException | None,
     ) -> None:
         if result.next_offset is not None:
             _log(f"r {result.applied} {result.duplicates}")

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import io
+from pathlib import Path
+from typing import Any
+
 import pytest
 from click.testing import CliRunner
 
-from kinbox.bench import report
+from kinbox.bench import command, report
+from kinbox.bench.cdc import Arrival, check_backlog
 from kinbox.bench.command import bench
+from kinbox.bench.contenders import CONTENDERS
 from kinbox.bench.effects import CheckFailed, Tally, gap
-from kinbox.bench.harness import Outcome
+from kinbox.bench.harness import Outcome, rotated
+from kinbox.bench.progress import Bar
+from kinbox.bench.resources import Interrupted
 from kinbox.bench.results import RunResult, summarise
-from kinbox.bench.spec import Sizes, Target
+from kinbox.bench.runs import kill_spacing
+from kinbox.bench.spec import PREFIX_PATTERN, Sizes, Target
 from kinbox.bench.workload import FAR, NEAR, build
 from kinbox.errors import ConfigurationError
 
@@ -117,7 +126,7 @@ def test_cli_help_lists_the_options_a_user_needs() -> None:
     result = CliRunner().invoke(bench, ["--help"])
     assert result.exit_code == 0
     for option in ("--bootstrap-servers", "--database-url", "-X", "--scenario", "--events",
-                   "--json", "--quick", "--prefix", "--long"):  # fmt: skip
+                   "--json", "--quick", "--prefix", "--long", "--connect-url"):  # fmt: skip
         assert option in result.output
 
 
@@ -127,3 +136,181 @@ def test_cli_refuses_a_bad_prefix_before_touching_anything() -> None:
     )
     assert result.exit_code == 2
     assert "prefix" in result.output
+
+
+def test_target_connect_url_must_be_an_http_address() -> None:
+    Target("b:9092", "postgresql://x", "kinbox_bench_ab12", connect_url="http://c:8083")
+    for bad in ("c:8083", "ftp://c", "http://"):
+        with pytest.raises(ConfigurationError, match="connect_url"):
+            Target("b:9092", "postgresql://x", "kinbox_bench_ab12", connect_url=bad)
+
+
+def _arrival(event: str, key: str, n: int, offset: int, partition: int = 0) -> Arrival:
+    return Arrival(event, key, n, partition, offset, appended_ms=1000 + offset)
+
+
+def test_debezium_backlog_check_counts_repeats_and_keeps_key_order() -> None:
+    arrived = [
+        _arrival("a", "k0", 0, 0), _arrival("b", "k1", 1, 0, partition=1),
+        _arrival("c", "k0", 2, 1), _arrival("a", "k0", 0, 2),  # a restart re-sent "a"
+    ]  # fmt: skip
+    assert check_backlog({"a", "b", "c"}, arrived) == 1
+
+
+@pytest.mark.parametrize(
+    ("committed", "arrived", "reason"),
+    [
+        ({"a", "b"}, [_arrival("a", "k", 0, 0)], "1 of 2 committed rows never arrived"),
+        ({"a"}, [_arrival("a", "k", 0, 0), _arrival("z", "k", 1, 1)], "1 records of no"),
+        ({"a", "b"}, [_arrival("b", "k", 1, 0), _arrival("a", "k", 0, 1)], "out of commit order"),
+    ],
+    ids=["missing", "foreign", "order"],
+)
+def test_debezium_backlog_check_fails_loudly(
+    committed: set[str], arrived: list[Arrival], reason: str
+) -> None:
+    with pytest.raises(CheckFailed, match=reason):
+        check_backlog(committed, arrived)
+
+
+def test_report_names_the_cdc_runs_and_says_when_it_was_skipped() -> None:
+    from kinbox.bench.harness import NO_CONNECT
+
+    runs = [
+        RunResult("outbox", "relay-backlog", 0, rate=1000.0),
+        RunResult("outbox", "debezium-backlog", 0, rate=4000.0),
+        RunResult("outbox", "debezium-latency", 0, p50_ms=12.0, p99_ms=20.0),
+    ]
+    headline = report.headline(summarise(runs))
+    assert headline["debezium_vs_relay_backlog"] == pytest.approx(4.0)
+    assert headline["debezium_p50_ms"] == 12.0
+    data = {
+        "header": {"kafka": "4", "postgresql": {"version": "15", "fsync": "on",
+                   "synchronous_commit": "on"}, "librdkafka": "2", "confluent_kafka": "2",
+                   "python": "3", "faststream": "0.7", "cores": 2},
+        "headline": headline,
+    }  # fmt: skip
+    text = report.markdown(data, Outcome(results=runs, skipped=[NO_CONNECT]))
+    assert "outbox via Debezium, backlog" in text and "COMMIT → consumer, Debezium" in text
+    assert "--connect-url" in text
+
+
+def test_cli_passes_every_option_to_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def execute(target: Target, sizes: Sizes, scenarios: Any, contenders: Any, **kw: Any) -> int:
+        seen.update(target=target, sizes=sizes, scenarios=scenarios, contenders=contenders, **kw)
+        return 0
+
+    monkeypatch.setattr(command, "execute", execute)
+    result = CliRunner().invoke(
+        bench,
+        ["--bootstrap-servers", "b:1", "--database-url", "postgresql://x",
+         "-X", "security.protocol=SASL_SSL", "-X", "sasl.mechanism=PLAIN",
+         "--scenario", "replay", "--scenario", "storm", "--contender", "ceiling",
+         "--events", "500", "--repeat", "2", "--kills", "4", "--large-rows", "1000",
+         "--latency-rate", "50", "--latency-seconds", "2", "--kafka-version", "3.9.1",
+         "--json", "out.json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    target = seen["target"]
+    assert target.kafka == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}
+    assert target.kafka_version == "3.9.1"
+    assert [s.name for s in seen["scenarios"]] == ["replay", "storm"]
+    assert [c.name for c in seen["contenders"]] == ["ceiling"]
+    sizes = seen["sizes"]
+    assert (sizes.events, sizes.repeat, sizes.kills, sizes.large_rows) == (500, 2, 4, 1000)
+    assert (sizes.latency_rate, sizes.latency_seconds) == (50, 2.0)
+    assert seen["json_path"] == "out.json"
+
+
+def test_cli_default_prefix_is_unique_and_quick_mode_scales_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[tuple[Target, Sizes]] = []
+
+    def execute(target: Target, sizes: Sizes, *_args: Any, **_kw: Any) -> int:
+        seen.append((target, sizes))
+        return 0
+
+    monkeypatch.setattr(command, "execute", execute)
+    for _ in range(2):
+        result = CliRunner().invoke(
+            bench, ["--bootstrap-servers", "b:1", "--database-url", "postgresql://x", "--quick"]
+        )
+        assert result.exit_code == 0, result.output
+    (first, quick), (second, _) = seen
+    assert first.prefix != second.prefix
+    assert PREFIX_PATTERN.match(first.prefix) and first.prefix.startswith("kinbox_bench_")
+    assert quick == Sizes.quick()
+
+
+def test_the_exit_status_is_the_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(command, "execute", lambda *_a, **_k: command.EXIT_FAILED)
+    result = CliRunner().invoke(bench, ["--bootstrap-servers", "b:1", "--database-url", "x"])
+    assert result.exit_code == command.EXIT_FAILED
+
+
+def test_repetitions_are_interleaved_in_a_rotated_order() -> None:
+    orders = [[c.name for c in rotated(CONTENDERS, rep)] for rep in range(len(CONTENDERS))]
+    # Every contender runs once per repetition, and each is first exactly once.
+    assert all(sorted(order) == sorted(orders[0]) for order in orders)
+    assert len({order[0] for order in orders}) == len(CONTENDERS)
+    assert rotated([], 3) == []
+
+
+@pytest.mark.parametrize("per_commit", [1, 167, 500])
+def test_every_redelivery_kill_falls_before_the_end(per_commit: int) -> None:
+    # Given commits of per_commit events (at most the contender's commit_size,
+    # 500) and a member killed at its `every`-th commit after each (re)start,
+    # whose last commit comes back after the restart
+    deliveries, kills = 30_000, 3
+    every = kill_spacing(deliveries, kills, 500)
+    start, done = 0, 0
+    while done < kills and start + every * per_commit <= deliveries:
+        done += 1
+        start += (every - 1) * per_commit
+    # Then every kill happens before the topic is done
+    assert done == kills
+    assert kill_spacing(300, 2, 500) == 1
+
+
+def test_an_interrupt_is_a_keyboard_interrupt_so_psycopg_cancels_the_statement() -> None:
+    # psycopg cancels the running statement on the server only for
+    # KeyboardInterrupt/SystemExit; the cleanup's DROP SCHEMA would wait for it.
+    assert isinstance(Interrupted(2), KeyboardInterrupt)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_draws_on_a_terminal_and_prints_lines_elsewhere() -> None:
+    lines = io.StringIO()
+    bar = Bar(2, lines)
+    bar.begin("clean · ceiling · rep 1")
+    bar.end()
+    bar.say("*** FAILED: x")
+    assert lines.getvalue().splitlines() == ["[1/2] clean · ceiling · rep 1 ...", "*** FAILED: x"]
+    term = _Terminal()
+    bar = Bar(2, term)
+    bar.begin("clean · ceiling · rep 1")
+    bar.update(0.5)
+    bar.end()
+    bar.close()
+    assert "] 1/2  clean · ceiling · rep 1" in term.getvalue()
+    assert f"[{'#' * 15}{'-' * 15}]" in term.getvalue()
+
+
+def test_chart_draws_the_timed_runs(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    runs = [_run("ceiling", 100.0), _run("ceiling", 120.0, 1), _run("kinbox-batch", 55.0)]
+    data = {
+        "header": {"kafka": "4", "postgresql": {"version": "15", "fsync": "on"}, "cores": 2},
+        "summaries": [s.as_dict() for s in summarise(runs)],
+    }
+    assert report.chart(data, tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    untimed = {**data, "summaries": [s.as_dict() for s in summarise([_run("ceiling", None)])]}
+    assert not report.chart(untimed, tmp_path / "none.png")

@@ -152,6 +152,13 @@ def test_wait_running_returns_once_connector_and_tasks_run() -> None:
     assert state.running
 
 
+def test_wait_stopped_returns_once_the_connector_is_stopped() -> None:
+    client = ScriptedClient(
+        [ConnectorState("c", "RUNNING", ("RUNNING",)), ConnectorState("c", "STOPPED", ())]
+    )
+    assert client.wait_stopped("c", sleep=lambda _s: None).connector == "STOPPED"
+
+
 def test_wait_running_ends_at_once_on_failure_with_connects_error() -> None:
     client = ScriptedClient(
         [ConnectorState("c", "RUNNING", ("FAILED",), ("task 0: password authentication failed",))]

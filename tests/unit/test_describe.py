@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from kinbox.describe import clean, describe, storable, text, type_name
 from kinbox.kafka.consumer import to_record
 from kinbox.store.errors import transient, transient_cause, translate
-
-from .fakes import storable as postgres_accepts
+from kinbox.testing import postgres_accepts
 
 pytestmark = pytest.mark.unit
 

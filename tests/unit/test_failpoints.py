@@ -1,35 +1,145 @@
+"""The one failpoint grammar (kinbox.failpoints), shared by the worker and the relay."""
+
 from __future__ import annotations
 
+import ast
 import os
 import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+import kinbox
+import producer_outbox
 from kinbox import failpoints
 from kinbox.errors import ConfigurationError
+from kinbox.failpoints import Failpoint, FailpointError, Failpoints, parse
 
 pytestmark = pytest.mark.unit
 
 
-def test_kills_on_the_nth_hit_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    kills: list[int] = []
-    monkeypatch.setattr(os, "kill", lambda pid, sig: kills.append(sig))
-    failpoints.configure("after_db_commit=kill@3, before_db_commit=kill@1")
+@pytest.fixture
+def kills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Signals a ``kill`` failpoint sends, instead of sending them."""
+    sent: list[int] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(sig))
+    return sent
+
+
+@pytest.mark.parametrize(
+    ("spec", "armed"),
+    [
+        (None, {}),
+        ("", {}),
+        (" , ", {}),
+        ("after_db_commit=kill@3", {"after_db_commit": ("kill", 3)}),
+        ("relay_after_publish=raise", {"relay_after_publish": ("raise", 1)}),
+        (
+            " after_db_commit = kill @ 3 , before_db_commit=kill@1,",
+            {"after_db_commit": ("kill", 3), "before_db_commit": ("kill", 1)},
+        ),
+        ("relay_after_publish=kill@12", {"relay_after_publish": ("kill", 12)}),
+    ],
+)
+def test_good_specs(spec: str | None, armed: dict[str, tuple[str, int]]) -> None:
+    points = parse(spec)
+    assert {name: (p.action, p.nth) for name, p in points.items()} == armed
+    assert all(p == Failpoint(name, p.action, p.nth) for name, p in points.items())
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("after_db_commit", "is not allowed: use name=kill|raise"),
+        ("after_db_commit=", "is not allowed"),
+        ("after_db_commit=explode@1", "is not allowed"),
+        ("after_db_commit=kill@", "is not allowed"),
+        ("after_db_commit=kill@0", "n >= 1"),
+        ("after_db_commit=kill@-1", "is not allowed"),
+        ("after_db_commit=kill@x", "is not allowed"),
+        ("after_db_commit=kill@1@2", "is not allowed"),
+        ("=kill@1", "names no failpoint"),
+        ("after_db_comit=kill@1", r"names no failpoint: use one of \['after_db_commit'"),
+        ("after_db_commit=kill@1,after_db_commit=raise", "arms 'after_db_commit' twice"),
+    ],
+)
+def test_bad_specs_name_the_variable_and_the_entry(spec: str, says: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"KINBOX_FAILPOINTS.*{says}"):
+        parse(spec)
+
+
+def test_kill_fires_on_the_nth_pass_only(kills: list[int]) -> None:
+    points = Failpoints("after_db_commit=kill@3, before_db_commit=kill@1")
+    points.hit("after_db_commit")
+    points.hit("after_db_commit")
+    points.hit("relay_after_publish")
+    assert kills == []
+    points.hit("after_db_commit")
+    assert kills == [signal.SIGKILL]
+    points.hit("after_db_commit")
+    assert kills == [signal.SIGKILL], "fires once"
+    points.hit("before_db_commit")
+    assert kills == [signal.SIGKILL, signal.SIGKILL]
+
+
+def test_raise_fires_once_on_its_pass(kills: list[int]) -> None:
+    points = Failpoints("relay_after_publish=raise@2")
+    points.hit("relay_after_publish")
+    with pytest.raises(FailpointError, match="'relay_after_publish' fired on pass 2"):
+        points.hit("relay_after_publish")
+    points.hit("relay_after_publish")
+    assert kills == []
+
+
+def test_a_bad_spec_leaves_nothing_armed(kills: list[int]) -> None:
+    points = Failpoints("before_db_commit=kill@1")
+    with pytest.raises(ConfigurationError):
+        points.arm("before_db_commit=kill@1,nope=kill")
+    points.hit("before_db_commit")
+    assert kills == []
+
+
+def test_the_process_failpoints_rearm_and_reset_counts(kills: list[int]) -> None:
     try:
+        failpoints.configure("after_db_commit=kill@2")
         failpoints.failpoint("after_db_commit")
+        failpoints.configure("after_db_commit=kill@2")  # counts start again
         failpoints.failpoint("after_db_commit")
-        failpoints.failpoint("other")
         assert kills == []
-        failpoints.failpoint("after_db_commit")
-        assert kills == [signal.SIGKILL]
         failpoints.failpoint("after_db_commit")
         assert kills == [signal.SIGKILL]
     finally:
         failpoints.configure(None)
 
 
-@pytest.mark.parametrize("spec", ["x", "x=kill", "x=kill@0", "x=explode@1", "=kill@1"])
-def test_bad_spec(spec: str) -> None:
-    with pytest.raises(ConfigurationError, match="KINBOX_FAILPOINTS"):
-        failpoints.configure(spec)
-    failpoints.configure(None)
+def test_a_bad_environment_fails_at_start_up() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "import kinbox.failpoints"],
+        env={**os.environ, "KINBOX_FAILPOINTS": "relay_after_publsh=kill@2"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "ConfigurationError" in out.stderr and "relay_after_publsh" in out.stderr
+
+
+def _failpoint_calls() -> Iterator[tuple[str, str]]:
+    """``(file, name)`` of every ``failpoint("name")`` call in both packages."""
+    for package in (kinbox, producer_outbox):
+        for path in Path(package.__path__[0]).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id == "failpoint"
+                ):
+                    (arg,) = node.args
+                    assert isinstance(arg, ast.Constant) and isinstance(arg.value, str), path
+                    yield path.name, arg.value
+
+
+def test_every_failpoint_in_the_code_is_named_in_the_grammar_and_back() -> None:
+    used = {name for _, name in _failpoint_calls()}
+    assert used == set(failpoints.NAMES)

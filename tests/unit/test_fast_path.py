@@ -11,8 +11,7 @@ from kinbox.config import Settings
 from kinbox.consume.runner import Runner
 from kinbox.errors import DeadLetter
 from kinbox.event import Event
-
-from .fakes import FakePublisher, FakeStore, FakeTransport, record
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
 
 pytestmark = pytest.mark.unit
 

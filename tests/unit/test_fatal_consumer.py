@@ -16,8 +16,7 @@ from kinbox.consume.runner import Runner
 from kinbox.errors import FatalTransportError
 from kinbox.event import Event
 from kinbox.kafka.base import Partition
-
-from .fakes import FakePublisher, FakeStore, FakeTransport, record
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
 
 pytestmark = pytest.mark.unit
 

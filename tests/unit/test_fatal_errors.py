@@ -251,7 +251,7 @@ def test_dead_letter_publisher_keeps_a_producer_whose_record_failed() -> None:
 
 def relay(factory: Factory) -> relay_publisher.KafkaPublisher:
     config = relay_publisher.producer_config("127.0.0.1:1", {})
-    return relay_publisher.KafkaPublisher(config, factory=factory)
+    return relay_publisher.KafkaPublisher(config, factory=factory, admin_factory=None)
 
 
 RECORDS = [Record("t", b"a", b"1", []), Record("t", b"b", b"2", []), Record("u", b"c", b"3", [])]

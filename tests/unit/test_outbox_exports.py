@@ -3,7 +3,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import producer_outbox
+from tests.support.exports import assert_exports_complete, fresh_interpreter
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -11,16 +14,44 @@ def test_all_is_sorted_and_complete() -> None:
     def order(name: str) -> tuple[int, str]:
         return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
 
-    assert producer_outbox.__all__ == sorted(producer_outbox.__all__, key=order)
-    public = {name for name in vars(producer_outbox) if not name.startswith("_")}
-    modules = {name for name in public if type(getattr(producer_outbox, name)).__name__ == "module"}
-    assert set(producer_outbox.__all__) == public - modules
+    assert_exports_complete(producer_outbox, order)
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = producer_outbox.nope
+
+
+def test_a_writer_loads_psycopg_and_nothing_of_kafka_or_the_relay() -> None:
+    # Given a fresh interpreter, when a writer-only service imports enqueue,
+    # then psycopg is loaded, and neither confluent-kafka, nor kinbox's Kafka
+    # seam, nor any producer_outbox module beyond the writer's own.
+    writer = {"producer_outbox", "producer_outbox.writer", "producer_outbox.schema"}
+    writer |= {"producer_outbox.debezium"}  # the CDC constraint's name, in the writer's errors
+    code = (
+        "import sys\nfrom producer_outbox import enqueue\n"
+        "print(sorted(m for m in sys.modules if m.startswith("
+        "('confluent_kafka', 'kinbox.kafka', 'producer_outbox', 'psycopg'))))\n"
+    )
+    loaded = set(ast.literal_eval(fresh_interpreter(code)))
+    assert "psycopg" in loaded
+    assert not {m for m in loaded if m.startswith(("confluent_kafka", "kinbox.kafka"))}
+    assert {m for m in loaded if m.startswith("producer_outbox")} == writer
 
 
 def test_never_imports_consumer_code() -> None:
     # kinbox.kafka.errors is a leaf (confluent-kafka and the error tree): the
     # one place that reads fatal errors and refused configurations.
-    allowed = {"kinbox.errors", "kinbox.names", "kinbox.store.migrations", "kinbox.kafka.errors"}
+    # kinbox.failpoints (the one failpoint grammar) and kinbox.lazy (lazy
+    # exports) are shared and import nothing of the consumer.
+    allowed = {
+        "kinbox.errors",
+        "kinbox.failpoints",
+        "kinbox.kafka.errors",
+        "kinbox.lazy",
+        "kinbox.names",
+        "kinbox.store.migrations",
+    }
     package = Path(producer_outbox.__file__).parent
     for path in package.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -7,7 +7,6 @@ import pytest
 
 from kinbox.errors import ConfigurationError
 from producer_outbox.config import RelayConfig
-from producer_outbox.failpoints import FailpointError, Failpoints, parse
 from producer_outbox.publisher import HELD, KafkaPublisher, producer_config
 from producer_outbox.records import OutboxRow, Record, row_from_db, to_record
 
@@ -94,16 +93,3 @@ def test_refused_record_holds_back_later_records_of_its_key() -> None:
     assert outcomes[1] is HELD, "waits behind its key without counting as an attempt"
     assert outcomes[2] is HELD, "a key's order spans topics"
     assert "SIZE" in (outcomes[3].error or "")
-
-
-def test_failpoints_parse_and_fire_on_the_nth_pass() -> None:
-    assert parse("a=kill@3, b=raise") == {"a": ("kill", 3), "b": ("raise", 1)}
-    for bad in ("a", "a=explode", "a=kill@x"):
-        with pytest.raises(ConfigurationError):
-            parse(bad)
-    points = Failpoints({"KINBOX_FAILPOINTS": "p=raise@2"})
-    points.hit("p")
-    points.hit("other")
-    with pytest.raises(FailpointError):
-        points.hit("p")
-    points.hit("p")  # fires once

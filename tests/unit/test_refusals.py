@@ -16,8 +16,8 @@ import pytest
 from kinbox.app import App
 from kinbox.errors import DeadLetter, EnvelopeError
 from kinbox.event import Event
+from kinbox.testing import postgres_accepts, record
 
-from .fakes import record, storable
 from .test_failures import Harness, T, always, effect_app
 
 pytestmark = pytest.mark.unit
@@ -267,7 +267,7 @@ def test_exception_text_never_breaks_the_bookkeeping(name: str, max_attempts: in
     # Then the verdict is recorded, storable, and the dead letter's headers encode
     assert h.store.status["bad"] == "dead_lettered" and h.committed == 3
     reason = h.store.reasons["bad"]
-    assert storable(reason) and len(reason.encode()) <= 1000
+    assert postgres_accepts(reason) and len(reason.encode()) <= 1000
     headers = h.publisher.headers(0)  # decodes every header value as UTF-8
     assert len(headers["kinbox.dlq.error.message"].encode()) <= 1000
     assert h.store.effects == ["a", "c"]

@@ -9,8 +9,7 @@ from kinbox.config import Settings
 from kinbox.consume.runner import Runner
 from kinbox.errors import Retry, TransportError
 from kinbox.event import Event
-
-from .fakes import FakeStore, FakeTransport, record
+from kinbox.testing import FakeStore, FakeTransport, record
 
 pytestmark = pytest.mark.unit
 

@@ -31,8 +31,9 @@ class Contender:
     """``False``: checked as at-least-once; duplicates applied are reported."""
     scale: float = 1.0
     """Share of the scenario's events this contender gets."""
-    commit_size: int = 167
-    """About how many events one database commit covers (sizes the redelivery kills)."""
+    commit_size: int = 500
+    """At most how many events one database commit covers (a poll's worth for the batching
+    contenders): spaces the redelivery kills so that all of them fall before the end."""
     needs: str | None = None
     """An optional package this contender imports (``kinbox[bench]`` brings it)."""
 

@@ -1,0 +1,265 @@
+"""An in-memory :class:`~kinbox.store.base.InboxStore`: :class:`FakeStore` and its ``tx``.
+
+It keeps what PostgreSQL would keep in ``processed_events`` (a status and a
+reason per claimed id) and what handlers write (:attr:`FakeStore.effects`),
+with the transaction semantics the batch processor relies on: a transaction
+that raises forgets its claims and effects, a savepoint that raises forgets
+only its own effects, and a database error leaves the transaction aborted
+until a savepoint rolls it back. Its knobs make it fail the way the real store
+does, so tests can drive the failure paths without a server. The contract
+suite (``tests/contract``) runs the same tests over it and the real store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import psycopg
+
+from kinbox.describe import storable
+from kinbox.errors import StoreError
+from kinbox.event import Event
+from kinbox.store.base import first_occurrences
+from kinbox.store.errors import left_aborted, transient_cause, translate
+
+
+def _aborted() -> StoreError:
+    """What PostgreSQL says to a statement in an aborted transaction."""
+    return StoreError(
+        "InFailedSqlTransaction: current transaction is aborted, commands ignored until end "
+        "of transaction block",
+        transient=False,
+    )
+
+
+def postgres_accepts(text: str) -> bool:
+    """Whether a UTF8 PostgreSQL, through psycopg, takes ``text`` in a text column as it is.
+
+    It does not when ``text`` holds NUL (psycopg refuses it) or a lone
+    surrogate (it cannot be encoded as UTF-8).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
+
+
+class FakeConn:
+    """What handlers get as ``tx`` from the fake store: a list of effects, and an aborted flag.
+
+    A handler "writes" by appending to :attr:`effects`; what a transaction (or
+    a savepoint) appended goes when it rolls back. A handler simulates a
+    statement the database refuses with :meth:`fail`.
+    """
+
+    def __init__(self, effects: list[Any]) -> None:
+        self.effects = effects
+        """The store's effects, shared: append to write one."""
+        self.aborted = False
+        """A statement failed and no savepoint has rolled back since (PostgreSQL's
+        "current transaction is aborted"): kinbox's statements fail until then."""
+
+    def fail(self, exc: psycopg.Error) -> NoReturn:
+        """Raise ``exc`` as a refused statement would, leaving the transaction aborted."""
+        self.aborted = True
+        raise exc
+
+
+class FakeTransaction:
+    """One open transaction of :class:`FakeStore` (an ``InboxTransaction``)."""
+
+    def __init__(self, store: FakeStore, mark: int) -> None:
+        self._store = store
+        self._mark = mark  # the effects before it are earlier transactions'
+        self.connection = FakeConn(store.effects)
+        """What handlers receive as ``tx``."""
+
+    def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
+        """See :meth:`~kinbox.store.base.InboxTransaction.claim`; the store's knobs apply."""
+        store = self._store
+        store.claims.append([e.id for e in events])
+        self._usable()
+        if store.fail_claims:
+            store.fail_claims -= 1
+            raise StoreError("OperationalError: server closed the connection", transient=True)
+        # psycopg refuses these before sending anything: the transaction stays usable.
+        unsendable = [e.id for e in events if not postgres_accepts(e.id)]
+        if unsendable:
+            raise StoreError(f"DataError: cannot send event id {unsendable[0]!r}", transient=False)
+        refused = [e.id for e in events if store.refuse_id(e.id)]
+        if refused:
+            self.connection.aborted = True  # the server refused the statement
+            raise StoreError(f"DataError: cannot store event id {refused[0]!r}", transient=False)
+        fresh = []
+        for event in first_occurrences(events):
+            taken_over = event.id in reclaim and store.status.get(event.id) == "dead_lettered"
+            if event.id not in store.claimed or taken_over:
+                store.claimed[event.id] = event
+                store.status[event.id] = "applied"
+                store.reasons.pop(event.id, None)
+                fresh.append(event)
+        return fresh
+
+    def dead_letter(self, event: Event, reason: str) -> None:
+        """See :meth:`~kinbox.store.base.InboxTransaction.dead_letter`.
+
+        ``reason`` is escaped and bounded as the real store does
+        (:func:`kinbox.describe.storable`); ``refuse_reason`` sees it first.
+        """
+        assert event.id in self._store.claimed, f"dead_letter of unclaimed {event.id!r}"
+        self._usable()
+        if self._store.refuse_reason(reason):
+            self.connection.aborted = True
+            raise StoreError(f"DataError: cannot store reason {reason[:40]!r}", transient=False)
+        self._store.status[event.id] = "dead_lettered"
+        self._store.reasons[event.id] = storable(reason, "UTF8")
+
+    def check_deferred(self) -> None:
+        """See :meth:`~kinbox.store.base.InboxTransaction.check_deferred` (``refuse_commit``)."""
+        self._usable()
+        try:
+            self._store.check_deferred(self._mark)
+        except StoreError:
+            self.connection.aborted = True
+            raise
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """See :meth:`~kinbox.store.base.InboxTransaction.savepoint`."""
+        self._usable()
+        self._store.savepoints += 1
+        mark = len(self._store.effects)
+        try:
+            yield
+        except psycopg.Error as exc:
+            self._roll_back_to(mark)
+            raise translate(exc, own=False) from exc
+        except BaseException:
+            self._roll_back_to(mark)
+            raise
+        if self.connection.aborted:
+            # As the real store does: roll back to the savepoint, blame this block.
+            self._roll_back_to(mark)
+            raise left_aborted()
+
+    @contextmanager
+    def unguarded(self) -> Iterator[None]:
+        """See :meth:`~kinbox.store.base.InboxTransaction.unguarded`."""
+        # Nothing to undo here: a failure rolls the whole transaction back.
+        try:
+            yield
+        except psycopg.Error as exc:
+            raise translate(exc, own=False) from exc
+        if self.connection.aborted:
+            raise left_aborted()
+
+    def outage(self, exc: BaseException) -> StoreError | None:
+        """See :meth:`~kinbox.store.base.InboxTransaction.outage` (the real store's rule)."""
+        return transient_cause(exc)
+
+    def _usable(self) -> None:
+        if self.connection.aborted:
+            raise _aborted()
+
+    def _roll_back_to(self, mark: int) -> None:
+        del self._store.effects[mark:]
+        self.connection.aborted = False
+
+
+class FakeStore:
+    """An :class:`~kinbox.store.base.InboxStore` in memory, for one consumer.
+
+    State, readable by tests: :attr:`status` and :attr:`reasons` (the
+    ``processed_events`` rows), :attr:`claimed`, :attr:`effects` (what
+    handlers appended to ``tx.effects``, committed ones only once the
+    transaction is over), and counters (:attr:`transactions`, :attr:`commits`,
+    :attr:`savepoints`, :attr:`claims`, :attr:`refused_commits`).
+
+    Knobs, to fail the way PostgreSQL does:
+
+    - ``fail_claims``: that many next claims raise a *transient*
+      :class:`~kinbox.errors.StoreError` (the connection went away).
+    - ``lose_after_commit``: that many next transactions commit and then
+      raise a transient error: the ambiguous commit, where the client never
+      heard back from a COMMIT that happened.
+    - ``refuse_id(id)``, ``refuse_reason(reason)``: the database refuses
+      this id in a claim, or this reason in the dead-letter bookkeeping, with
+      a non-transient error that aborts the transaction. (Ids that psycopg
+      cannot send at all, with NUL or a lone surrogate, are always refused,
+      and leave the transaction usable, as psycopg does.)
+    - ``refuse_commit(effects)``: COMMIT (and ``check_deferred``) refuses the
+      transaction given the effects it wrote: a deferred constraint.
+
+    Like PostgreSQL through psycopg, a transaction left aborted (a handler
+    swallowed a refused statement, see :meth:`FakeConn.fail`) "commits" by
+    rolling back, without an error.
+    """
+
+    def __init__(self) -> None:
+        self.claimed: dict[str, Event] = {}
+        """The claimed events by id (the latest claim of a reclaimed one)."""
+        self.status: dict[str, str] = {}
+        """``applied`` or ``dead_lettered`` by event id."""
+        self.reasons: dict[str, str] = {}
+        """The dead-letter reason by event id, as stored."""
+        self.effects: list[Any] = []
+        """What handlers wrote (``tx.effects.append``) and did not roll back."""
+        self.commits = 0
+        """Transactions committed."""
+        self.savepoints = 0
+        """Savepoints opened."""
+        self.fail_claims = 0
+        self.lose_after_commit = 0
+        self.closed = False
+        self.refuse_id: Callable[[str], bool] = lambda _id: False
+        self.refuse_reason: Callable[[str], bool] = lambda _reason: False
+        self.refuse_commit: Callable[[list[Any]], bool] = lambda _effects: False
+        self.claims: list[list[str]] = []
+        """The ids of every claim, in order (refused ones included)."""
+        self.refused_commits = 0
+        """COMMITs (or deferred checks) refused by ``refuse_commit``."""
+        self.transactions = 0
+        """Transactions opened."""
+
+    def check_deferred(self, mark: int) -> None:
+        """Run ``refuse_commit`` on the effects written since ``mark``.
+
+        Raises:
+            StoreError: not transient, when it refuses them.
+        """
+        if self.refuse_commit(self.effects[mark:]):
+            self.refused_commits += 1
+            raise StoreError("UniqueViolation: duplicate key (deferred)", transient=False)
+
+    @contextmanager
+    def transaction(self) -> Iterator[FakeTransaction]:
+        """See :meth:`~kinbox.store.base.InboxStore.transaction`; the knobs apply."""
+        self.transactions += 1
+        saved = dict(self.claimed), dict(self.status), dict(self.reasons), len(self.effects)
+        tx = FakeTransaction(self, saved[3])
+        try:
+            yield tx
+            if tx.connection.aborted:
+                raise _RolledBack
+            self.check_deferred(saved[3])
+        except BaseException as exc:
+            self.claimed, self.status, self.reasons = saved[0], saved[1], saved[2]
+            del self.effects[saved[3] :]
+            if isinstance(exc, _RolledBack):
+                return
+            raise
+        self.commits += 1
+        if self.lose_after_commit:
+            self.lose_after_commit -= 1
+            raise StoreError("OperationalError: connection lost during COMMIT", transient=True)
+
+    def close(self) -> None:
+        """Mark the store closed."""
+        self.closed = True
+
+
+class _RolledBack(Exception):
+    """COMMIT of an aborted transaction: PostgreSQL answers ROLLBACK, psycopg says nothing."""

@@ -1,0 +1,249 @@
+"""The inbox store contract, run over the fake store and the real PostgreSQL store.
+
+What the batch processor relies on (:mod:`kinbox.store.base`), checked through
+the seam alone plus a look at the committed ``processed_events`` rows: the
+claim decides freshness once per (consumer, id), across transactions and
+within one claim; a rollback forgets a claim; a replay may take over a
+dead-lettered row and nothing else; savepoints undo only their own work; a
+handler that swallows a database error is blamed; an outage is told from an
+event's fault; and an ambiguous COMMIT has happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import psycopg
+import pytest
+
+from kinbox.describe import storable
+from kinbox.errors import StoreError
+from kinbox.event import Event
+from kinbox.store.base import InboxStore
+from tests.contract.store_sides import Row, StoreSide
+
+T = "contract-events"
+
+
+def ev(event_id: str, offset: int = 0) -> Event:
+    return Event(id=event_id, topic=T, partition=0, offset=offset, key=None, value=b"{}")
+
+
+def claim(store: InboxStore, *events: Event, reclaim: Sequence[str] = ()) -> list[tuple[str, int]]:
+    """Claim ``events`` in a transaction of their own; the fresh ones as (id, offset)."""
+    with store.transaction() as tx:
+        return [(e.id, e.offset) for e in tx.claim(list(events), reclaim)]
+
+
+def test_a_claim_returns_the_fresh_events_in_the_order_given(inbox: StoreSide) -> None:
+    assert claim(inbox.store, ev("c", 0), ev("a", 1), ev("b", 2)) == [("c", 0), ("a", 1), ("b", 2)]
+    assert [inbox.row(i) for i in "cab"] == [Row("applied", None, o) for o in range(3)]
+    assert inbox.row("never-claimed") is None
+
+
+def test_within_one_claim_the_first_occurrence_of_an_id_wins(inbox: StoreSide) -> None:
+    fresh = claim(inbox.store, ev("a", 0), ev("b", 1), ev("a", 2), ev("b", 3), ev("c", 4))
+    assert fresh == [("a", 0), ("b", 1), ("c", 4)]
+    assert inbox.row("a") == Row("applied", None, 0)
+
+
+def test_an_id_claimed_by_an_earlier_transaction_is_not_fresh(inbox: StoreSide) -> None:
+    claim(inbox.store, ev("a", 0))
+    assert claim(inbox.store, ev("a", 7), ev("b", 8)) == [("b", 8)]
+    assert inbox.row("a") == Row("applied", None, 0)  # the first delivery's row stays
+
+
+def test_the_dedup_scope_is_the_consumer(inbox: StoreSide) -> None:
+    claim(inbox.store, ev("a"))
+    assert claim(inbox.other_consumer(), ev("a")) == [("a", 0)]
+
+
+def test_a_rolled_back_claim_is_forgotten(inbox: StoreSide) -> None:
+    with pytest.raises(RuntimeError), inbox.store.transaction() as tx:
+        assert len(tx.claim([ev("a"), ev("b", 1)])) == 2
+        raise RuntimeError("the batch failed")
+    assert inbox.row("a") is None
+    assert claim(inbox.store, ev("a"), ev("b", 1)) == [("a", 0), ("b", 1)]
+
+
+def test_a_replay_takes_over_a_dead_lettered_row_and_never_an_applied_one(
+    inbox: StoreSide,
+) -> None:
+    with inbox.store.transaction() as tx:
+        dead, _ = tx.claim([ev("dead", 0), ev("applied", 1)])
+        tx.dead_letter(dead, "handler-error: boom")
+    # Redelivered as it was: both are duplicates
+    assert claim(inbox.store, ev("dead", 0), ev("applied", 1)) == []
+    # Replayed (kinbox dlq replay): the dead-lettered one is fresh again, once
+    replay = (ev("dead", 10), ev("applied", 11))
+    assert claim(inbox.store, *replay, reclaim=["dead", "applied"]) == [("dead", 10)]
+    assert inbox.row("dead") == Row("applied", None, 10)
+    assert inbox.row("applied") == Row("applied", None, 1)
+    assert claim(inbox.store, *replay, reclaim=["dead", "applied"]) == []
+
+
+REASONS = {
+    "plain": "handler-error: ValueError: no such customer",
+    "non-ascii": "handler-error: café 日本",
+    "nul": "handler-error: bad byte \x00 in payload",
+    "lone-surrogate": "handler-error: " + b"caf\xe9".decode("utf-8", "surrogateescape"),
+    "long": "handler-error: " + "x" * 1_000_000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(REASONS))
+def test_dead_letter_records_any_reason_as_storable_text(inbox: StoreSide, name: str) -> None:
+    reason = REASONS[name]
+    with inbox.store.transaction() as tx:
+        [event] = tx.claim([ev("bad", 3)])
+        tx.dead_letter(event, reason)
+    row = inbox.row("bad")
+    assert row == Row("dead_lettered", storable(reason, "UTF8"), 3)
+    assert row.reason is not None and len(row.reason.encode()) <= 1000
+    assert row.reason.startswith("handler-error: ")
+
+
+def test_a_dead_letter_goes_with_its_rolled_back_transaction(inbox: StoreSide) -> None:
+    claim(inbox.store, ev("kept"))
+    with pytest.raises(RuntimeError), inbox.store.transaction() as tx:
+        [event] = tx.claim([ev("bad", 1)])
+        tx.dead_letter(event, "handler-error")
+        raise RuntimeError("the dead letter's publish failed")
+    assert inbox.row("bad") is None and inbox.row("kept") == Row("applied", None, 0)
+
+
+@pytest.mark.parametrize("event_id", ["nul\x00id", "lone\udcffsurrogate"], ids=["nul", "surrogate"])
+def test_an_id_the_driver_cannot_send_is_refused_and_the_transaction_goes_on(
+    inbox: StoreSide, event_id: str
+) -> None:
+    with inbox.store.transaction() as tx:
+        with pytest.raises(StoreError) as refused:
+            tx.claim([ev("a"), ev(event_id, 1)])
+        assert not refused.value.transient
+        # refused before anything was sent: the transaction is still usable
+        assert [e.id for e in tx.claim([ev("a")])] == ["a"]
+    assert inbox.row("a") == Row("applied", None, 0)
+
+
+def test_a_savepoint_undoes_its_own_work_only(inbox: StoreSide) -> None:
+    with inbox.store.transaction() as tx:
+        tx.claim([ev("a"), ev("b", 1), ev("c", 2), ev("d", 3)])
+        with tx.savepoint():
+            inbox.write(tx, "a")
+        with pytest.raises(RuntimeError), tx.savepoint():
+            inbox.write(tx, "b")
+            raise RuntimeError("handler b failed")
+        with pytest.raises(StoreError) as refused, tx.savepoint():
+            inbox.write(tx, "c")
+            inbox.refused(tx)
+        assert not refused.value.transient and "DivisionByZero" in str(refused.value)
+        inbox.write(tx, "d")
+    assert inbox.effects() == ["a", "d"]
+    assert [inbox.row(i) for i in "abcd"] == [Row("applied", None, o) for o in range(4)]
+
+
+def test_a_savepoint_whose_block_swallowed_a_database_error_blames_that_block(
+    inbox: StoreSide,
+) -> None:
+    # Given a handler that catches a refused statement and returns normally
+    with inbox.store.transaction() as tx:
+        tx.claim([ev("swallow"), ev("next", 1)])
+        with (
+            pytest.raises(StoreError, match="left the transaction aborted") as blamed,
+            tx.savepoint(),
+        ):
+            inbox.write(tx, "swallow")
+            with contextlib.suppress(psycopg.Error):
+                inbox.refused(tx)
+        assert not blamed.value.transient
+        # Then its work is rolled back, and the next event's savepoint works
+        with tx.savepoint():
+            inbox.write(tx, "next")
+    assert inbox.effects() == ["next"]
+
+
+def test_unguarded_translates_a_refused_statement(inbox: StoreSide) -> None:
+    with pytest.raises(StoreError) as refused, inbox.store.transaction() as tx:
+        tx.claim([ev("a")])
+        with tx.unguarded():
+            inbox.refused(tx)
+    assert not refused.value.transient
+    assert inbox.row("a") is None
+
+
+def test_unguarded_blames_a_block_that_left_the_transaction_aborted(inbox: StoreSide) -> None:
+    with (
+        pytest.raises(StoreError, match="left the transaction aborted") as blamed,
+        inbox.store.transaction() as tx,
+    ):
+        tx.claim([ev("a")])
+        with tx.unguarded():
+            inbox.write(tx, "a")
+            with contextlib.suppress(psycopg.Error):
+                inbox.refused(tx)
+    assert not blamed.value.transient
+    assert inbox.row("a") is None and inbox.effects() == []
+
+
+def test_an_aborted_transaction_refuses_kinbox_statements_and_commits_nothing(
+    inbox: StoreSide,
+) -> None:
+    with contextlib.suppress(StoreError), inbox.store.transaction() as tx:
+        [event] = tx.claim([ev("a")])
+        inbox.write(tx, "a")
+        with contextlib.suppress(psycopg.Error):
+            inbox.refused(tx)  # outside any guard, swallowed
+        for statement in (lambda: tx.claim([ev("b", 1)]), lambda: tx.dead_letter(event, "x")):
+            with pytest.raises(StoreError, match="InFailedSqlTransaction") as refused:
+                statement()
+            assert not refused.value.transient
+        # Leaving the block normally: PostgreSQL answers this COMMIT with a
+        # ROLLBACK, and psycopg raises nothing (a store raising here would do too).
+    assert inbox.row("a") is None and inbox.effects() == []
+
+
+def test_outage_tells_a_database_outage_from_the_events_fault(inbox: StoreSide) -> None:
+    # A content error: the event's fault, not an outage
+    with inbox.store.transaction() as tx:
+        tx.claim([ev("a")])
+        try:
+            with tx.savepoint():
+                inbox.refused(tx)
+        except StoreError as exc:
+            assert tx.outage(exc) is None
+        try:
+            inbox.refused(tx)
+        except psycopg.Error as exc:
+            assert tx.outage(exc) is None
+            assert tx.outage(RuntimeError("wrapped")) is None
+    # The connection goes away under a handler: an outage, also when wrapped
+    with pytest.raises((StoreError, psycopg.Error)), inbox.store.transaction() as tx:
+        tx.claim([ev("b", 1)])
+        try:
+            inbox.outage(tx)
+        except psycopg.Error as exc:
+            wrapped = RuntimeError("the handler wrapped it")
+            wrapped.__cause__ = exc
+            for raised in (exc, wrapped):
+                outage = tx.outage(raised)
+                assert outage is not None and outage.transient, raised
+            raise
+        pytest.fail("no outage")
+    # and the store works again afterwards, with nothing of that transaction kept
+    assert inbox.row("b") is None
+    assert claim(inbox.store, ev("b", 1)) == [("b", 1)]
+
+
+def test_an_ambiguous_commit_happened_and_its_claims_are_found_next_time(
+    inbox: StoreSide,
+) -> None:
+    # Given a COMMIT that takes effect but whose answer never reaches the client
+    with inbox.answer_lost(), pytest.raises(StoreError) as lost, inbox.store.transaction() as tx:
+        tx.claim([ev("a", 0), ev("b", 1)])
+        inbox.write(tx, "a")
+    # Then the client sees a transient error (the batch will be retried) ...
+    assert lost.value.transient, lost.value
+    # ... and the retry finds the ids recorded: the effect is not applied twice
+    assert claim(inbox.store, ev("a", 0), ev("b", 1), ev("c", 2)) == [("c", 2)]
+    assert inbox.row("a") == Row("applied", None, 0) and inbox.effects() == ["a"]
