@@ -13,10 +13,10 @@ nothing applied twice, each poison event dead-lettered once.
 
 from __future__ import annotations
 
-from kinbox.devstack.stack import Stack
-from tests.faults.conftest import Faults, Run
+from tests.support.fault_run import Run
 from tests.support.records import Headers, committed, set_max_message_bytes
-from tests.support.workers import wait_for
+from tests.support.scenario import scenario
+from tests.support.waiting import wait_for
 
 TOO_SMALL = 200
 """A ``max.message.bytes`` no dead letter fits: its ``kinbox.dlq.*`` headers alone are larger."""
@@ -41,20 +41,11 @@ def _stream(run: Run, count: int, every: int) -> tuple[frozenset[str], int]:
     return poison, first
 
 
-def test_dead_letter_topic_refuses_dead_letters_after_the_start(
-    faults: Faults, stack: Stack
-) -> None:
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "DLQ max.message.bytes lowered",
-            scenario="15 undeliverable dead letter",
-            bootstrap=stack.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            _hold_then_drain(run, faults.events)
-            # (finish checks: each poison event dead-lettered once, nothing lost or doubled)
-            run.finish()
+@scenario("15", "undeliverable dead letter", fault="DLQ max.message.bytes lowered")
+def test_dead_letter_topic_refuses_dead_letters_after_the_start(run: Run) -> None:
+    _hold_then_drain(run, run.events)
+    # (finish checks: each poison event dead-lettered once, nothing lost or doubled)
+    run.finish()
 
 
 def _hold_then_drain(run: Run, count: int) -> None:

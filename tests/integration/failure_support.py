@@ -15,7 +15,7 @@ from kinbox.consume.runner import Runner
 from kinbox.event import Event
 from kinbox.kafka import read_topic
 from tests.integration import inbox_support
-from tests.integration.inbox_support import Conn
+from tests.support.database import Conn
 
 
 @contextmanager

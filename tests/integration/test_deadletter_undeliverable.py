@@ -16,22 +16,16 @@ import logging
 import uuid
 
 import pytest
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
 from kinbox.devstack.stack import Stack
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import poison_app, running, statuses
-from tests.integration.inbox_support import (
-    Conn,
-    committed,
-    effects,
-    prepare_schema,
-    settings,
-    wait_for,
-)
+from tests.integration.inbox_support import committed, effects, settings
 from tests.support import metrics
+from tests.support.database import Conn, prepare_schema
 from tests.support.records import Headers, produce_plan, read_topic, set_max_message_bytes
+from tests.support.topics import create_topic
+from tests.support.waiting import wait_for
 
 TOO_SMALL = 200
 """A ``max.message.bytes`` no dead letter fits: its ``kinbox.dlq.*`` headers alone are larger."""
@@ -46,8 +40,7 @@ def test_an_undeliverable_dead_letter_holds_only_its_partition_until_the_topic_t
     bootstrap = stack.bootstrap_servers
     topic = make_topic(partitions=2)
     dlq = f"{topic}.dlq"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(dlq, 2, 1)])[dlq].result(30)
+    create_topic(bootstrap, dlq, 2)
     group = f"g-{uuid.uuid4().hex[:8]}"
     prepare_schema(stack.database_url, schema)
 

@@ -22,14 +22,9 @@ from kinbox.devstack.stack import Stack
 from kinbox.event import Event
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import effect_app, running
-from tests.integration.inbox_support import (
-    assert_offsets_not_ahead,
-    committed,
-    prepare_schema,
-    produce,
-    settings,
-    wait_for,
-)
+from tests.integration.inbox_support import assert_offsets_not_ahead, committed, produce, settings
+from tests.support.database import prepare_schema, terminate_open_transactions
+from tests.support.waiting import wait_for
 
 N = 120
 
@@ -49,16 +44,6 @@ def _count(url: str, schema: str) -> Counter[str]:
         except psycopg.OperationalError:
             time.sleep(0.2)  # the server is restarting
     raise AssertionError("database did not come back")
-
-
-def _terminate_transactions(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            " AND state = 'idle in transaction'"
-        ).fetchall()
-    return sum(1 for (ok,) in rows if ok)
 
 
 @pytest.mark.parametrize("fault", ["restart-immediate", "terminate-backend"])
@@ -84,7 +69,7 @@ def test_database_outage_mid_stream_applies_every_event_once(
             terminated = 0
             deadline = time.monotonic() + 20
             while terminated < 3 and time.monotonic() < deadline:
-                terminated += _terminate_transactions(postgres.url)
+                terminated += terminate_open_transactions(postgres.url)
                 time.sleep(0.05)
             assert terminated >= 1
         # Then the worker rides it out and catches up by itself

@@ -20,8 +20,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 from psycopg import sql
 
 from kinbox.config import Settings
@@ -35,16 +33,12 @@ from producer_outbox.relay import Relay
 from producer_outbox.writer import enqueue
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import header, poison_app, running, statuses
-from tests.integration.inbox_support import (
-    Conn,
-    committed,
-    effects,
-    prepare_schema,
-    settings,
-    wait_for,
-)
-from tests.integration.outbox_support import consume, migrate_outbox, relay_config
+from tests.integration.inbox_support import committed, effects, settings
+from tests.support.database import Conn, prepare_schema
+from tests.support.outbox import consume, migrate_outbox, relay_config
 from tests.support.records import set_max_message_bytes
+from tests.support.topics import create_topic
+from tests.support.waiting import wait_for
 
 GAPLESS = {"enable.gapless.guarantee": "true"}
 LIMIT = 1024
@@ -52,10 +46,7 @@ LIMIT = 1024
 
 
 def small_topic(stack: Stack, name: str) -> str:
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
-    topic = NewTopic(name, 1, 1, config={"max.message.bytes": str(LIMIT)})
-    admin.create_topics([topic])[name].result(30)
-    return name
+    return create_topic(stack.bootstrap_servers, name, 1, config={"max.message.bytes": str(LIMIT)})
 
 
 def raise_limit(stack: Stack, topic: str) -> None:

@@ -9,18 +9,17 @@ import pytest
 from kinbox.devstack.stack import Stack
 from tests.conftest import MakeTopic
 from tests.integration.inbox_support import (
-    Conn,
     app_for,
     assert_offsets_not_ahead,
     committed,
     effects,
-    prepare_schema,
     produce,
     running,
     settings,
-    wait_for,
 )
 from tests.integration.refusal_support import dead_letters, run_to_end, with_id, write
+from tests.support.database import Conn, prepare_schema
+from tests.support.waiting import wait_for
 
 
 def test_same_event_delivered_three_times_has_one_effect(

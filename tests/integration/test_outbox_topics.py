@@ -22,7 +22,6 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourcePatternType,
     ResourceType,
 )
-from confluent_kafka.cimpl import NewTopic
 from psycopg import sql
 
 from kinbox.devstack.kafka import KafkaBroker
@@ -30,16 +29,17 @@ from kinbox.devstack.stack import Stack
 from kinbox.errors import ServiceError
 from producer_outbox.writer import enqueue
 from tests.conftest import cannot_start
-from tests.integration.outbox_support import (
-    Conn,
+from tests.support.database import Conn
+from tests.support.outbox import (
     consume,
     count,
     migrate_outbox,
     outbox_command,
     outbox_rows,
     running_relay,
-    wait_for,
 )
+from tests.support.topics import create_topic
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +62,7 @@ def strict_broker() -> Iterator[KafkaBroker]:
 
 
 def _create(broker: KafkaBroker, name: str) -> None:
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-    admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=1)])[name].result(30)
+    create_topic(broker.bootstrap_servers, name, partitions=2)
 
 
 def _failures(db: Conn, schema: str, topic: str) -> int:

@@ -1,9 +1,9 @@
 """Records in and out of the real broker: the producer, a topic reader, committed offsets.
 
-The fault suite writes its events here (with delivery reports, so it knows each
-record's partition and offset), reads dead-letter topics back, reads the
-group's committed offsets from the broker, and changes a topic's record size
-limit as an operator would.
+The fault suite and the integration tests write their events here (with
+delivery reports, so they know each record's partition and offset), read
+dead-letter topics back, read the group's committed offsets from the broker,
+and change a topic's record size limit as an operator would.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -83,6 +83,18 @@ def produce_plan(
     record has no valid id, so kinbox keys it on ``topic/partition/offset``
     (dead-lettered or derived), which is filled in from the delivery report.
     """
+    return Produced(topic, partitions, write_records(bootstrap, topic, items))
+
+
+def write_records(
+    bootstrap: str, topic: str, items: Sequence[tuple[int, Headers, str | None]]
+) -> dict[tuple[int, int], str]:
+    """Write ``items`` as :func:`produce_plan` does; return ``(partition, offset) -> id``.
+
+    The one producer of the tests that need each record's place: an idempotent
+    producer, so a retried send never writes a record twice, with a delivery
+    report per record; fails unless every record was acknowledged.
+    """
     records: dict[tuple[int, int], str] = {}
     errors: list[str] = []
 
@@ -109,7 +121,7 @@ def produce_plan(
         producer.poll(0)
     left = producer.flush(60)
     assert left == 0 and not errors, f"produce failed: {left} undelivered, errors {errors[:3]}"
-    return Produced(topic, partitions, records)
+    return records
 
 
 @dataclass(frozen=True)
