@@ -21,7 +21,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, not
 )
 
 from kinbox.errors import ConfigurationError
-from kinbox.kafka.errors import broken, create_client, describe, is_fatal
+from kinbox.kafka.errors import ClientLog, broken, create_client, describe, is_fatal
 from producer_outbox.records import Record
 
 _Callback = Callable[[KafkaError | None, Message], None]
@@ -367,7 +367,7 @@ class KafkaPublisher:
             call()
         except (KafkaException, SystemError) as exc:
             # SystemError: a delivery report ran with the fatal error pending.
-            reason = broken(exc)
+            reason = broken(exc, self._log)
             if reason is None:
                 raise
             fatal.because(reason)
@@ -375,7 +375,10 @@ class KafkaPublisher:
         return True
 
     def _create(self) -> Producer:
-        return create_client(self._factory, self._config, "the outbox relay's producer")
+        # A log per producer: the fatal reason it remembers is this one's.
+        self._log = ClientLog(logging.getLogger("producer_outbox.kafka"))
+        config: dict[str, Any] = {**self._config, "logger": self._log}
+        return create_client(self._factory, config, "the outbox relay's producer")
 
     def _replace(self, reason: str, waiting: Callable[[], bool]) -> None:
         """Collect what the failed producer still has to report, then use a new one."""
