@@ -1,4 +1,4 @@
-"""Testing apps and handlers: fakes of the seams.
+"""Testing apps and handlers: fakes of the seams, and the real inbox without a broker.
 
 Without any server: :class:`FakeStore` stands in for the PostgreSQL inbox
 store, :class:`FakeTransport` for the Kafka consumer and
@@ -7,8 +7,12 @@ record carrying an event id. Each has knobs that make it fail the way the
 real one does (see their docstrings), and one contract suite
 (``tests/contract``) checks that they behave like the real implementations.
 
-The names load on first use (PEP 562): importing this package loads
-neither psycopg nor a Kafka client.
+Against a real PostgreSQL, with no Kafka: :class:`InboxTestClient` delivers
+:class:`Message` s to an app's handlers through the worker's own claim and
+transaction code and returns a :class:`DeliveryResult` per record.
+
+The names load on first use (PEP 562): importing this package loads neither
+psycopg nor a Kafka client.
 """
 
 from typing import TYPE_CHECKING
@@ -16,27 +20,38 @@ from typing import TYPE_CHECKING
 from kinbox.lazy import exports as _exports
 
 if TYPE_CHECKING:
+    from kinbox.testing.client import InboxTestClient
+    from kinbox.testing.messages import Message
     from kinbox.testing.publisher import FakePublisher
+    from kinbox.testing.results import DeliveryResult, FailedTry
     from kinbox.testing.store import FakeConn, FakeStore, FakeTransaction, postgres_accepts
     from kinbox.testing.transport import FakeTransport, record
 
 __all__ = [
+    "DeliveryResult",
+    "FailedTry",
     "FakeConn",
     "FakePublisher",
     "FakeStore",
     "FakeTransaction",
     "FakeTransport",
+    "InboxTestClient",
+    "Message",
     "postgres_accepts",
     "record",
 ]
 
 # Where each public name lives; __getattr__ imports it from there on first use.
 _SOURCES = {
+    "DeliveryResult": "kinbox.testing.results",
+    "FailedTry": "kinbox.testing.results",
     "FakeConn": "kinbox.testing.store",
     "FakePublisher": "kinbox.testing.publisher",
     "FakeStore": "kinbox.testing.store",
     "FakeTransaction": "kinbox.testing.store",
     "FakeTransport": "kinbox.testing.transport",
+    "InboxTestClient": "kinbox.testing.client",
+    "Message": "kinbox.testing.messages",
     "postgres_accepts": "kinbox.testing.store",
     "record": "kinbox.testing.transport",
 }
