@@ -9,7 +9,9 @@ real one does (see their docstrings), and one contract suite
 
 Against a real PostgreSQL, with no Kafka: :class:`InboxTestClient` delivers
 :class:`Message` s to an app's handlers through the worker's own claim and
-transaction code and returns a :class:`DeliveryResult` per record.
+transaction code and returns a :class:`DeliveryResult` per record;
+:func:`assert_redelivery_safe` checks that redelivering events, with crashes
+and retries injected, leaves the database as one clean delivery does.
 
 The names load on first use (PEP 562): importing this package loads neither
 psycopg nor a Kafka client.
@@ -23,12 +25,21 @@ if TYPE_CHECKING:
     from kinbox.testing.client import InboxTestClient
     from kinbox.testing.messages import Message
     from kinbox.testing.publisher import FakePublisher
+    from kinbox.testing.redelivery import (
+        SCENARIOS,
+        Difference,
+        RedeliveryReport,
+        RedeliveryUnsafe,
+        assert_redelivery_safe,
+    )
     from kinbox.testing.results import DeliveryResult, FailedTry
     from kinbox.testing.store import FakeConn, FakeStore, FakeTransaction, postgres_accepts
     from kinbox.testing.transport import FakeTransport, record
 
 __all__ = [
+    "SCENARIOS",
     "DeliveryResult",
+    "Difference",
     "FailedTry",
     "FakeConn",
     "FakePublisher",
@@ -37,13 +48,18 @@ __all__ = [
     "FakeTransport",
     "InboxTestClient",
     "Message",
+    "RedeliveryReport",
+    "RedeliveryUnsafe",
+    "assert_redelivery_safe",
     "postgres_accepts",
     "record",
 ]
 
 # Where each public name lives; __getattr__ imports it from there on first use.
 _SOURCES = {
+    "SCENARIOS": "kinbox.testing.redelivery",
     "DeliveryResult": "kinbox.testing.results",
+    "Difference": "kinbox.testing.redelivery",
     "FailedTry": "kinbox.testing.results",
     "FakeConn": "kinbox.testing.store",
     "FakePublisher": "kinbox.testing.publisher",
@@ -52,6 +68,9 @@ _SOURCES = {
     "FakeTransport": "kinbox.testing.transport",
     "InboxTestClient": "kinbox.testing.client",
     "Message": "kinbox.testing.messages",
+    "RedeliveryReport": "kinbox.testing.redelivery",
+    "RedeliveryUnsafe": "kinbox.testing.redelivery",
+    "assert_redelivery_safe": "kinbox.testing.redelivery",
     "postgres_accepts": "kinbox.testing.store",
     "record": "kinbox.testing.transport",
 }
