@@ -11,10 +11,12 @@ Against a real PostgreSQL, with no Kafka: :class:`InboxTestClient` delivers
 :class:`Message` s to an app's handlers through the worker's own claim and
 transaction code and returns a :class:`DeliveryResult` per record;
 :func:`assert_redelivery_safe` checks that redelivering events, with crashes
-and retries injected, leaves the database as one clean delivery does.
+and retries injected, leaves the database as one clean delivery does. The
+pytest plugin (:mod:`kinbox.testing.pytest_plugin`, registered on install)
+provides the fixtures ``kinbox_database_url`` and ``inbox_client``.
 
-The names load on first use (PEP 562): importing this package loads neither
-psycopg nor a Kafka client.
+The names load on first use (PEP 562): importing this package, as pytest does
+for the plugin, loads neither psycopg nor a Kafka client.
 """
 
 from typing import TYPE_CHECKING

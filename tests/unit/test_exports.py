@@ -50,3 +50,15 @@ def test_kinbox_testing_loads_no_kafka_client_even_with_every_name() -> None:
         "print('confluent_kafka' in sys.modules)\n"
     )
     assert fresh_interpreter(code).split() == ["False"]
+
+
+def test_the_pytest_plugin_loads_neither_psycopg_nor_the_launcher() -> None:
+    # Given a fresh interpreter, when pytest loads the plugin (every session
+    # of a project with kinbox installed does), then nothing heavy comes with it.
+    code = (
+        "import sys, kinbox.testing.pytest_plugin\n"
+        "heavy = ['psycopg', 'psycopg_pool', 'confluent_kafka', 'opentelemetry',\n"
+        "         'kinbox.devstack', 'kinbox.testing.client', 'kinbox.testing.store']\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    assert fresh_interpreter(code).strip() == "[]"
