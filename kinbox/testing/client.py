@@ -226,7 +226,9 @@ class InboxTestClient:
             yield conn
 
     def execute(
-        self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+        self,
+        query: str | sql.SQL | sql.Composed,
+        params: Sequence[Any] | Mapping[str, Any] | None = None,
     ) -> list[tuple[Any, ...]]:
         """Run one statement (autocommit, the client's search path); return its rows, if any."""
         with self.connect() as conn:

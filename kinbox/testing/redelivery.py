@@ -119,13 +119,19 @@ class RedeliveryReport:
     ignored: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def __str__(self) -> str:
+        return (
+            f"{self.events} event(s), {self.runs} runs, {self.faults} faults injected; "
+            + self.scope()
+        )
+
+    def scope(self) -> str:
+        """What was compared, what the handler wrote and which columns were left out."""
         left_out = ", ".join(
             f"{table}.{column} ({why})"
             for table, columns in sorted(self.ignored.items())
             for column, why in columns.items()
         )
         return (
-            f"{self.events} event(s), {self.runs} runs, {self.faults} faults injected; "
             f"compared {', '.join(self.compared)}; the handler wrote "
             f"{', '.join(self.written) or 'no table'}"
             + (f"; left out {left_out}" if left_out else "")
@@ -363,5 +369,5 @@ def _written_outside(conn: psycopg.Connection[Any], schema: str) -> set[str]:
 
 def _explain(found: Sequence[Difference], report: RedeliveryReport, runs: int) -> str:
     head = f"redelivery changes the handler's effect ({len(found)} difference(s), {runs} runs):"
-    tail = f"(checked: {report})"
+    tail = f"({report.scope()})"
     return "\n".join([head, *(f"- {d}".replace("\n", "\n  ") for d in found), tail])
