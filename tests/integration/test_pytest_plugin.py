@@ -1,19 +1,15 @@
 """The pytest plugin as a user's suite meets it: a separate pytest run in a project of its own.
 
 Each test writes a small test suite into a temporary directory and runs
-pytest on it in a child process, with kinbox installed as it is here (the
-``pytest11`` entry point registers the plugin; there is no conftest.py).
+pytest on it in a child process (:mod:`tests.support.userproject`).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 from kinbox.devstack.process import port_open
+from tests.support.userproject import child_env, run_pytest
 
 USERS_SUITE = """
 import os
@@ -47,27 +43,12 @@ def test_the_handler_is_redelivery_safe(kinbox_database_url):
 """
 
 
-def run_pytest(
-    project: Path, suite: str, env: dict[str, str], *args: str
-) -> subprocess.CompletedProcess[str]:
-    (project / "test_users.py").write_text(textwrap.dedent(suite))
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=project, env=env, capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
-
-
-def child_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "KINBOX_TEST_"))}
-    return {**env, "URL_FILE": str(tmp_path / "url"), **extra}
-
-
 def test_a_users_suite_runs_against_the_server_it_names(
     tmp_path: Path, kinbox_database_url: str
 ) -> None:
     env = child_env(tmp_path, KINBOX_TEST_DATABASE_URL=kinbox_database_url)
 
-    done = run_pytest(tmp_path, USERS_SUITE, env)
+    done = run_pytest(tmp_path, {"test_users.py": USERS_SUITE}, env)
 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
@@ -75,7 +56,7 @@ def test_a_users_suite_runs_against_the_server_it_names(
 
 
 def test_without_a_server_named_the_plugin_starts_one_and_stops_it(tmp_path: Path) -> None:
-    done = run_pytest(tmp_path, USERS_SUITE, child_env(tmp_path))
+    done = run_pytest(tmp_path, {"test_users.py": USERS_SUITE}, child_env(tmp_path))
 
     assert done.returncode == 0, done.stdout + done.stderr
     url = (tmp_path / "url").read_text()
@@ -93,8 +74,8 @@ def test_a_suite_using_no_fixture_loads_no_driver_and_starts_nothing(tmp_path: P
         assert loaded == set()
     """
 
-    done = run_pytest(tmp_path, suite, child_env(tmp_path))
-    fixtures = run_pytest(tmp_path, suite, child_env(tmp_path), "--fixtures")
+    done = run_pytest(tmp_path, {"test_users.py": suite}, child_env(tmp_path))
+    fixtures = run_pytest(tmp_path, {"test_users.py": suite}, child_env(tmp_path), "--fixtures")
 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
