@@ -18,6 +18,7 @@ from psycopg import sql
 from kinbox import App, DeadLetter, Event, Middleware, Retry
 from kinbox.errors import ConfigurationError, EnvelopeError
 from kinbox.testing import InboxTestClient, Message
+from producer_outbox import enqueue
 
 Client = Callable[..., InboxTestClient]
 TABLE = "CREATE TABLE effects (event_id text, value text)"
@@ -265,3 +266,21 @@ def schema_name(kinbox_database_url: str) -> Any:
     yield name
     with psycopg.connect(kinbox_database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+def test_outbox_migrates_the_outbox_so_a_chaining_handler_enqueues_once(
+    inbox_client: Client,
+) -> None:
+    where: dict[str, str] = {}
+    app = App(group_id="billing")
+
+    @app.handler("orders")
+    def bill(event: Event, tx: psycopg.Connection[Any]) -> None:
+        enqueue(tx, "invoices", {"order": event.id}, key=event.id, schema=where["schema"])
+
+    client = inbox_client(app, outbox=True)
+    where["schema"] = client.schema
+
+    first = client.deliver("orders", {}, id="o1")
+    assert client.redeliver(first).duplicate
+    assert client.execute("SELECT topic, payload->>'order' FROM outbox") == [("invoices", "o1")]
