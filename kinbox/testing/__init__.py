@@ -27,13 +27,8 @@ if TYPE_CHECKING:
     from kinbox.testing.client import InboxTestClient
     from kinbox.testing.messages import Message
     from kinbox.testing.publisher import FakePublisher
-    from kinbox.testing.redelivery import (
-        SCENARIOS,
-        Difference,
-        RedeliveryReport,
-        RedeliveryUnsafe,
-        assert_redelivery_safe,
-    )
+    from kinbox.testing.redelivery import assert_redelivery_safe
+    from kinbox.testing.report import SCENARIOS, Difference, RedeliveryReport, RedeliveryUnsafe
     from kinbox.testing.results import DeliveryResult, FailedTry
     from kinbox.testing.store import FakeConn, FakeStore, FakeTransaction, postgres_accepts
     from kinbox.testing.transport import FakeTransport, record
@@ -59,9 +54,9 @@ __all__ = [
 
 # Where each public name lives; __getattr__ imports it from there on first use.
 _SOURCES = {
-    "SCENARIOS": "kinbox.testing.redelivery",
+    "SCENARIOS": "kinbox.testing.report",
     "DeliveryResult": "kinbox.testing.results",
-    "Difference": "kinbox.testing.redelivery",
+    "Difference": "kinbox.testing.report",
     "FailedTry": "kinbox.testing.results",
     "FakeConn": "kinbox.testing.store",
     "FakePublisher": "kinbox.testing.publisher",
@@ -70,8 +65,8 @@ _SOURCES = {
     "FakeTransport": "kinbox.testing.transport",
     "InboxTestClient": "kinbox.testing.client",
     "Message": "kinbox.testing.messages",
-    "RedeliveryReport": "kinbox.testing.redelivery",
-    "RedeliveryUnsafe": "kinbox.testing.redelivery",
+    "RedeliveryReport": "kinbox.testing.report",
+    "RedeliveryUnsafe": "kinbox.testing.report",
     "assert_redelivery_safe": "kinbox.testing.redelivery",
     "postgres_accepts": "kinbox.testing.store",
     "record": "kinbox.testing.transport",

@@ -8,14 +8,11 @@ narrowing and dead-letter bookkeeping as production. Only the broker is
 missing: the client places each message on a partition at the next offset,
 and a :class:`~kinbox.testing.FakePublisher` takes the dead letters.
 
-Failures are settled as the worker settles them, without the waiting: a try
-that fails is tried again from the failed record (the tries counted by the
-worker's own :class:`~kinbox.consume.backoff.Backoff`), so a handler that
-keeps raising is dead-lettered on its ``max_attempts``-th try and
-:meth:`InboxTestClient.deliver` returns that verdict, with every failed try in
-:attr:`~kinbox.testing.DeliveryResult.retries`. Only an outage (the database
-unreachable, say) would make the worker wait forever; the client gives up
-after ``outage_retries`` of them and reports the record ``failed``.
+Failures are settled as the worker settles them, without the waiting
+(:mod:`kinbox.testing.settle`): a handler that keeps raising is dead-lettered
+on its ``max_attempts``-th try and :meth:`InboxTestClient.deliver` returns
+that verdict, with every failed try in
+:attr:`~kinbox.testing.DeliveryResult.retries`.
 """
 
 from __future__ import annotations
@@ -32,11 +29,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
-from kinbox.apply.outcome import BatchResult, Failure
-from kinbox.apply.policy import Decision, RetryPolicy
-from kinbox.consume.backoff import Backoff
+from kinbox.apply.policy import RetryPolicy
 from kinbox.consume.envelope import Record
-from kinbox.errors import ConfigurationError, EnvelopeError
+from kinbox.errors import ConfigurationError
 from kinbox.kafka.base import Partition
 from kinbox.names import sql_identifier
 from kinbox.store.migrations import Component
@@ -44,9 +39,9 @@ from kinbox.store.postgres import PostgresInboxStore, apply_migrations
 from kinbox.store.schema import INBOX
 from kinbox.testing.messages import FRESH, Fresh, Headers, Message
 from kinbox.testing.publisher import FakePublisher
-from kinbox.testing.recorder import Coordinates, InjectedCrash, Ledger, RecordingStore
-from kinbox.testing.results import DeliveryResult, FailedTry, Status
-from kinbox.testing.transport import FakeTransport
+from kinbox.testing.recorder import Coordinates, RecordingStore
+from kinbox.testing.results import DeliveryResult
+from kinbox.testing.settle import Settler, coordinates_of
 
 DEFAULT_GROUP = "kinbox-test"
 """The consumer group of an app that names none."""
@@ -113,15 +108,12 @@ class InboxTestClient:
         self.conninfo = _with_search_path(database_url, self.schema)
         """``database_url`` with the client's search path: for a test's own connections."""
         self.partitions = partitions
-        self.outage_retries = outage_retries
         self.publisher = FakePublisher()
         """Takes the dead letters: :attr:`dead_letters` lists what it acknowledged."""
         self.results: list[DeliveryResult] = []
         """Every delivery's result, in order."""
         self._offsets: dict[Partition, int] = {}
         self._messages: dict[Coordinates, Message] = {}
-        self._policy = _Recorded(RetryPolicy(self.settings.retry_initial, self.settings.retry_max))
-        self._backoff = self._new_backoff()
         components: list[Component] = [INBOX]
         if outbox:
             from producer_outbox.schema import OUTBOX
@@ -148,6 +140,13 @@ class InboxTestClient:
             max_attempts=self.settings.max_attempts,
             missing_id=self.settings.missing_id,
             middleware=app.middleware,
+        )
+        self._settler = Settler(
+            self._processor,
+            self.store,
+            self.publisher,
+            RetryPolicy(self.settings.retry_initial, self.settings.retry_max),
+            outage_retries,
         )
         self._closed = False
 
@@ -210,7 +209,7 @@ class InboxTestClient:
         """
         record = delivered.record
         if new_offset:
-            return self.deliver_message(self._messages[_where(record)])
+            return self.deliver_message(self._messages[coordinates_of(record)])
         return self._run([record])[0]
 
     @property
@@ -269,7 +268,7 @@ class InboxTestClient:
         offset = self._offsets.get(tp, 0)
         self._offsets[tp] = offset + 1
         record = message.record(tp[1], offset, self.settings.id_headers[0])
-        self._messages[_where(record)] = message
+        self._messages[coordinates_of(record)] = message
         return record
 
     def _run(self, records: list[Record]) -> list[DeliveryResult]:
@@ -278,92 +277,10 @@ class InboxTestClient:
             by_partition.setdefault((record.topic, record.partition), []).append(record)
         verdicts: dict[Coordinates, DeliveryResult] = {}
         for tp, batch in by_partition.items():
-            verdicts.update(self._settle(tp, sorted(batch, key=lambda r: r.offset)))
-        results = [verdicts[_where(record)] for record in records]
+            verdicts.update(self._settler.settle(tp, sorted(batch, key=lambda r: r.offset)))
+        results = [verdicts[coordinates_of(record)] for record in records]
         self.results += results
         return results
-
-    def _settle(self, tp: Partition, records: list[Record]) -> dict[Coordinates, DeliveryResult]:
-        """Process ``records`` as the worker would, until each settles or must wait."""
-        self.store.ledger = Ledger()
-        acked = len(self.publisher.acked)
-        retries: dict[Coordinates, list[FailedTry]] = {}
-        errors: dict[Coordinates, BaseException] = {}
-        pending, outages = list(records), 0
-        failure: Failure | None = None
-        while pending:
-            attempt = self._backoff.attempt(tp, pending[0].offset)
-            try:
-                result = self._processor.process(pending, attempt)
-            except InjectedCrash as crash:
-                retries.setdefault(_where(pending[0]), []).append(
-                    FailedTry(attempt, "crash", crash)
-                )
-                self._backoff = self._new_backoff()  # a restarted worker remembers no tries
-                continue
-            _note_letters(result, errors)
-            if result.next_offset is not None:
-                self._backoff.advanced(tp, result.next_offset)
-                pending = [r for r in pending if r.offset >= result.next_offset]
-            failure = result.failure
-            if failure is None:
-                break
-            where = (failure.topic, failure.partition, failure.offset)
-            errors[where] = failure.error
-            outages += failure.kind != "handler"
-            if failure.kind == "envelope" or outages > self.outage_retries:
-                break  # the worker would stop (missing_id=fail) or hold the partition here
-            try:
-                self._backoff.fail(tp, failure)
-            except EnvelopeError:  # pragma: no cover - envelope failures stop above
-                break
-            retries.setdefault(where, []).append(
-                FailedTry(failure.attempt, failure.kind, failure.error, self._policy.last.delay)
-            )
-            pending = [r for r in pending if r.offset >= failure.offset]
-        unsettled = {_where(r) for r in pending} if failure is not None else set()
-        letters = {_letter_of(r): r for r in self.publisher.acked[acked:]}
-        return {
-            _where(r): self._verdict(r, _where(r) in unsettled, retries, errors, letters)
-            for r in records
-        }
-
-    def _verdict(
-        self,
-        record: Record,
-        unsettled: bool,
-        retries: Mapping[Coordinates, list[FailedTry]],
-        errors: Mapping[Coordinates, BaseException],
-        letters: Mapping[Coordinates, Record],
-    ) -> DeliveryResult:
-        where = _where(record)
-        ledger = self.store.ledger
-        status: Status
-        reason = error = None
-        letter = None
-        if where in ledger.dead_lettered:
-            status, letter = "dead_lettered", letters.get(where)
-            reason = _reason(letter) or ledger.dead_lettered[where]
-            error = errors.get(where)
-        elif where in ledger.applied:
-            status = "applied"
-        elif unsettled:
-            status, error = "failed", errors.get(where)
-        else:
-            status = "duplicate"
-        return DeliveryResult(
-            record,
-            ledger.ids.get(where),
-            status,
-            reason,
-            error,
-            tuple(retries.get(where, ())),
-            letter,
-        )
-
-    def _new_backoff(self) -> Backoff:
-        # The transport only gets paused and rewound; nothing ever waits on it.
-        return Backoff(FakeTransport(), self._policy, clock=lambda: 0.0)
 
     def _drop(self) -> None:
         if not self._owns_schema:
@@ -371,46 +288,6 @@ class InboxTestClient:
         drop = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema))
         with psycopg.connect(self.settings.database_url, autocommit=True) as conn:
             conn.execute(drop)
-
-
-class _Recorded:
-    """The worker's retry policy, remembering its last decision (the delay it would wait)."""
-
-    def __init__(self, policy: RetryPolicy) -> None:
-        self._policy = policy
-        self.last = Decision("retry", 0.0)
-
-    def decide(self, failure: Failure) -> Decision:
-        self.last = self._policy.decide(failure)
-        return self.last
-
-
-def _where(record: Record) -> Coordinates:
-    return (record.topic, record.partition, record.offset)
-
-
-def _note_letters(result: BatchResult, errors: dict[Coordinates, BaseException]) -> None:
-    for letter in result.letters:
-        errors[_where(letter.record)] = letter.error
-
-
-def _letter_of(letter: Record) -> Coordinates:
-    """The original record's coordinates, from a dead letter's ``kinbox.dlq.*`` headers."""
-    headers = {name: (value or b"").decode() for name, value in letter.headers}
-    return (
-        headers.get("kinbox.dlq.topic", ""),
-        int(headers.get("kinbox.dlq.partition", "-1")),
-        int(headers.get("kinbox.dlq.offset", "-1")),
-    )
-
-
-def _reason(letter: Record | None) -> str | None:
-    if letter is None:
-        return None
-    for name, value in letter.headers:
-        if name == "kinbox.dlq.reason" and value is not None:
-            return value.decode("utf-8", "replace")
-    return None
 
 
 def _with_search_path(database_url: str, schema: str) -> str:

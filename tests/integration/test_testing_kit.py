@@ -123,7 +123,9 @@ def test_dead_letter_requested_goes_at_once_with_its_reason(inbox_client: Client
     client = inbox_client(recording_app())
     client.execute(TABLE)
 
-    result = client.deliver("t", {"dead": "unknown lesson"}, id="e1", key="k")
+    result = client.deliver(
+        "t", {"dead": "unknown lesson"}, id="e1", key="k", headers={"raw": b"\xff"}
+    )
 
     assert result.dead_lettered and not result.retried
     assert result.reason == "dead-letter-requested: unknown lesson"
