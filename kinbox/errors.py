@@ -14,6 +14,8 @@
     ├── ConnectorError                                 Kafka Connect refused or failed a connector
     ├── FailpointError                                 a crash test's ``raise`` failpoint fired
     │                                                  (in kinbox.failpoints: crash tests only)
+    ├── RedeliveryUnsafe(KinboxError, AssertionError)  a handler's effect changed on redelivery
+    │                                                  (in kinbox.testing: users' tests only)
     └── (control flow, never logged as errors)
         ├── Retry(delay)                               a handler asks to be tried again later
         └── DeadLetter(reason)                         a handler gives the event up
