@@ -83,6 +83,8 @@ class Settings:
     retry_max: float = 30.0
     max_attempts: int = 5
     missing_id: str = "dead-letter"
+    breaker_failures: int = 10
+    breaker_pause: float = 30.0
     kafka_overrides: Mapping[str, str] = field(default_factory=dict)
 
     def validate(self) -> Settings:
@@ -118,6 +120,14 @@ class Settings:
             )
         if not 1 <= self.max_attempts <= 1000:
             _bad("max_attempts", self.max_attempts, "1..1000 (handler tries before dead-lettering)")
+        if not 0 <= self.breaker_failures <= 100_000:
+            _bad(
+                "breaker_failures",
+                self.breaker_failures,
+                "0..100000 (events failing in a row that pause the worker; 0: never)",
+            )
+        if not self.breaker_pause > 0:
+            _bad("breaker_pause", self.breaker_pause, "a positive number of seconds")
         if self.missing_id not in MISSING_ID_POLICIES:
             _bad("missing_id", self.missing_id, " | ".join(MISSING_ID_POLICIES))
         if self.pool_size < 1:

@@ -89,6 +89,18 @@ def main(ctx: click.Context, log_level: str) -> None:
     help="Handler tries before an event is dead-lettered (default 5) [KINBOX_MAX_ATTEMPTS].",
 )
 @click.option(
+    "--breaker-failures",
+    type=click.IntRange(0, 100_000),
+    help="Events whose handler failed in a row, across partitions, after which the worker "
+    "pauses every partition (default 10; 0: never) [KINBOX_BREAKER_FAILURES].",
+)
+@click.option(
+    "--breaker-pause",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds the worker stays paused before it tries one event again (default 30) "
+    "[KINBOX_BREAKER_PAUSE].",
+)
+@click.option(
     "--missing-id",
     type=click.Choice(["dead-letter", "derive", "fail"]),
     help="Record without a valid event id: dead-letter it (default), derive its id from "
