@@ -8,6 +8,13 @@ Offsets: ``enable.auto.commit=false`` and ``enable.auto.offset.store=false``.
 kinbox commits synchronously, and only offsets whose events are committed in
 PostgreSQL; nothing in librdkafka commits on its own (auto-commit would also
 commit on revoke, including partitions whose batch was rolled back).
+
+Isolation: ``read_committed``. A transactional producer's records reach the
+handlers only once their transaction committed; aborted ones never do. The
+consumer reads up to the partition's *last stable offset*: behind a
+transaction still open it waits (polling, without error), and the offsets it
+commits step over the transaction markers, which take an offset each but are
+no record.
 """
 
 from __future__ import annotations
@@ -46,6 +53,11 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         "enable.auto.offset.store": False,
         # A new group must not skip events published before it first joined.
         "auto.offset.reset": "earliest",
+        # Never hand a handler a record of a transaction its producer aborted
+        # (or has not committed yet): an aborted record was never published.
+        # librdkafka's default too, but kinbox's guarantees rest on it, so it
+        # is set here, visibly; -X isolation.level=read_uncommitted overrides.
+        "isolation.level": "read_committed",
         "max.poll.interval.ms": int(settings.max_poll_interval * 1000),
         "logger": logging.getLogger("kinbox.kafka"),
     }

@@ -108,6 +108,15 @@ def test_effective_values_match_the_consumer_configuration() -> None:
     assert int(config["session.timeout.ms"]) / 1000 == s.effective_session_timeout
 
 
+def test_the_consumer_reads_committed_transactions_only_unless_told() -> None:
+    from kinbox.kafka.consumer import consumer_config
+
+    # An aborted transaction's records must never reach a handler.
+    assert consumer_config(valid().validate())["isolation.level"] == "read_committed"
+    uncommitted = valid(kafka_overrides={"isolation.level": "read_uncommitted"}).validate()
+    assert consumer_config(uncommitted)["isolation.level"] == "read_uncommitted"
+
+
 def test_kip848_leaves_the_session_timeout_to_the_broker() -> None:
     # librdkafka refuses session.timeout.ms under group.protocol=consumer, so
     # the settings' value is never compared with the poll interval there
