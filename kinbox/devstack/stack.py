@@ -3,7 +3,9 @@
 Each half is either started here (a :class:`KafkaBroker`, a
 :class:`PostgresServer`) or taken from the environment when the user points at
 existing services: ``KINBOX_TEST_BOOTSTRAP`` for Kafka, ``KINBOX_TEST_DATABASE_URL``
-for PostgreSQL. With ``cdc=True`` a Kafka Connect worker with Debezium's
+for PostgreSQL. With ``brokers=3`` Kafka is a cluster of three KRaft nodes
+(:class:`KafkaCluster`: replication factor 3, ``min.insync.replicas=2``)
+instead of the single node. With ``cdc=True`` a Kafka Connect worker with Debezium's
 PostgreSQL connector (:class:`KafkaConnect`) joins them; it always runs here,
 against whichever broker the stack uses.
 """
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
+from kinbox.devstack.cluster import KafkaCluster
 from kinbox.devstack.connect import KafkaConnect
 from kinbox.devstack.kafka import KafkaBroker
 from kinbox.devstack.postgres import PostgresServer
@@ -32,6 +35,8 @@ class Stack:
     kafka: KafkaBroker | None
     postgres: PostgresServer | None
     connect: KafkaConnect | None = None
+    cluster: KafkaCluster | None = None
+    """The Kafka nodes when the stack runs more than one (``kafka`` is then ``None``)."""
 
     @property
     def connect_url(self) -> str:
@@ -44,6 +49,12 @@ class Stack:
             kafka = (
                 f"Apache Kafka {self.kafka.version} (JVM broker, KRaft, pid {self.kafka.pid}) "
                 f"at {self.bootstrap_servers}"
+            )
+        elif self.cluster is not None:
+            pids = ", ".join(f"node {n} pid {pid}" for n, pid in self.cluster.pids.items())
+            kafka = (
+                f"Apache Kafka {self.cluster.version} (JVM cluster of {len(self.cluster.nodes)} "
+                f"KRaft nodes: {pids}) at {self.bootstrap_servers}"
             )
         else:
             kafka = f"Kafka at {self.bootstrap_servers} (external, {EXTERNAL_KAFKA_ENV})"
@@ -65,7 +76,7 @@ class Stack:
 
 @contextmanager
 def local_stack(
-    *, fsync: bool = False, use_external: bool = True, cdc: bool = False
+    *, fsync: bool = False, use_external: bool = True, cdc: bool = False, brokers: int = 1
 ) -> Iterator[Stack]:
     """Start (or find) Kafka and PostgreSQL; stop what was started on exit, even on errors.
 
@@ -73,21 +84,29 @@ def local_stack(
         fsync: durable PostgreSQL commits (benchmarks want this; tests do not).
         use_external: honour ``KINBOX_TEST_BOOTSTRAP`` / ``KINBOX_TEST_DATABASE_URL``.
         cdc: also start Kafka Connect with Debezium (stopped first on exit).
+        brokers: Kafka nodes to start: 1 (the default) or a replicated
+            :class:`KafkaCluster` of that many.
     """
     external_kafka = os.environ.get(EXTERNAL_KAFKA_ENV) if use_external else None
     external_db = os.environ.get(EXTERNAL_DATABASE_ENV) if use_external else None
     with ExitStack() as cleanup:
         postgres: PostgresServer | None = None
         kafka: KafkaBroker | None = None
+        cluster: KafkaCluster | None = None
         if not external_db:
             postgres = PostgresServer(fsync=fsync)
             cleanup.callback(postgres.close)
             postgres.start()
-        if not external_kafka:
+        if external_kafka:
+            bootstrap_servers = external_kafka
+        elif brokers > 1:
+            cluster = KafkaCluster(brokers)
+            cleanup.callback(cluster.close)
+            bootstrap_servers = cluster.start().bootstrap_servers
+        else:
             kafka = KafkaBroker()
             cleanup.callback(kafka.close)
-            kafka.start()
-        bootstrap_servers = external_kafka or (kafka.bootstrap_servers if kafka else "")
+            bootstrap_servers = kafka.start().bootstrap_servers
         connect: KafkaConnect | None = None
         if cdc:
             connect = start_connect(bootstrap_servers)
@@ -98,6 +117,7 @@ def local_stack(
             kafka=kafka,
             postgres=postgres,
             connect=connect,
+            cluster=cluster,
         )
 
 
