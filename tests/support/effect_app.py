@@ -23,6 +23,10 @@ Behaviour, by environment variable:
     ``FAULT_SLOW_SECONDS``), so a test can release it exactly when its fault is
     in place. A held call writes ``w <partition> <offset> <id> begin|end <time>``
     lines (``time.monotonic()``: one clock for every process on the machine).
+``FAULT_BROKEN_UNLESS``
+    a path: until a file exists there, the handler raises
+    :class:`BrokenDeployError` for every event (a bad deploy; creating the
+    file is the fix).
 ``FAULT_VALUES``
     the name of a table in ``KINBOX_SCHEMA`` (the scenario creates it, see
     :data:`VALUES_DDL`) into which the handler also writes the payload's
@@ -69,6 +73,7 @@ SLOW_SECONDS = float(os.environ.get("FAULT_SLOW_SECONDS", "0"))
 GATE = os.environ.get("FAULT_GATE", "")
 LOG_DIR = os.environ.get("FAULT_LOG_DIR", "")
 VALUES = os.environ.get("FAULT_VALUES", "")
+BROKEN_UNLESS = os.environ.get("FAULT_BROKEN_UNLESS", "")
 
 VALUES_DDL = (
     "CREATE TABLE {0}.{1} (event_id text, short varchar(8), n integer, note text, big text,"
@@ -79,6 +84,10 @@ VALUES_DDL = (
 
 class TransientHandlerError(RuntimeError):
     """Raised by the handler on purpose: the next attempt succeeds."""
+
+
+class BrokenDeployError(RuntimeError):
+    """Raised for every event until the fix is deployed (``FAULT_BROKEN_UNLESS``)."""
 
 
 class PoisonError(ValueError):
@@ -146,6 +155,8 @@ def apply_effect(event: Event, tx: Any) -> None:
         time.sleep(SLEEP)
     if event.id in SLOW_IDS:
         _hold(event)
+    if BROKEN_UNLESS and not os.path.exists(BROKEN_UNLESS):
+        raise BrokenDeployError(f"bad deploy: {event.id} fails like every event")
     if POISON_EVERY and _every(event.id, POISON_EVERY):
         raise PoisonError(f"injected poison: {event.id} can never be applied")
     if FAIL_TIMES and event.attempt <= FAIL_TIMES and _every(event.id, FAIL_EVERY):

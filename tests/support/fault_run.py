@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,12 +65,17 @@ class Run:
         return self.produced
 
     @contextmanager
-    def sampling(self) -> Iterator[OffsetSampler]:
-        """Check invariant 2 in the background while the fault happens."""
-        assert self.produced is not None, "produce() first"
+    def sampling(self, *, monotonic: bool = False) -> Iterator[OffsetSampler]:
+        """Check invariant 2 in the background while the fault happens.
+
+        Before :meth:`produce`, the records are taken to be known only at
+        the end (a relay publishes them): the samples are judged then.
+        ``monotonic``: a committed offset must never move back either.
+        """
         with OffsetSampler(
-            self.database_url, self.schema, self.bootstrap, self.group, self.produced
-        ) as sampler:
+            self.database_url, self.schema, self.bootstrap, self.group, self.produced,
+            topic=self.topic, partitions=self.partitions, monotonic=monotonic,
+        ) as sampler:  # fmt: skip
             self.sampler = sampler
             yield sampler
 
@@ -109,16 +114,22 @@ class Run:
         """Wait until the handlers ran ``count`` times (the fault should land mid-stream)."""
         wait_for(lambda: self.handler_calls() >= count, timeout, f"{count} handler calls")
 
-    def finish(self, drain_timeout: float = 90.0, drain_args: Sequence[str] = ()) -> Outcome:
+    def finish(
+        self, drain_timeout: float = 90.0, drain_args: Sequence[str] = (),
+        drain_kafka: Mapping[str, str | None] | None = None,
+    ) -> Outcome:  # fmt: skip
         """Final drain with a clean worker, then measure and assert the invariants.
 
         ``drain_args``: options of the draining ``kinbox worker`` (a round under
-        ``--missing-id derive`` drains under it too).
+        ``--missing-id derive`` drains under it too); ``drain_kafka``: its
+        ``-X`` properties (the assignment strategy of the members before it).
         """
         assert self.produced is not None, "produce() first"
-        drain(self.factory, self.produced, timeout=drain_timeout, args=drain_args)
+        drain(
+            self.factory, self.produced, timeout=drain_timeout, args=drain_args, kafka=drain_kafka
+        )
         self.outcome = check_invariants(self.factory, self.produced)
-        violations = self.sampler.violations() if self.sampler else []
+        violations = self.sampler.violations(self.produced) if self.sampler else []
         if self.sampler is not None:
             assert self.sampler.samples > 0, "the offset sampler never got a reading"
         assert_invariants(

@@ -30,6 +30,9 @@ class Produced:
     partitions: int
     records: dict[tuple[int, int], str]
     """(partition, offset) -> event id."""
+    ends: dict[int, int] | None = None
+    """The partitions' log end offsets, where they lie past the last record +1
+    (a transaction's commit marker takes an offset); by default from ``records``."""
 
     @property
     def ids(self) -> set[str]:
@@ -37,7 +40,9 @@ class Produced:
         return set(self.records.values())
 
     def end_offsets(self) -> dict[int, int]:
-        """Next offset after the last record, per partition written to."""
+        """Next offset after the last record (or the log's end), per partition written to."""
+        if self.ends is not None:
+            return dict(self.ends)
         ends: dict[int, int] = {}
         for partition, offset in self.records:
             ends[partition] = max(ends.get(partition, 0), offset + 1)

@@ -237,13 +237,14 @@ def drain(
     timeout: float = 90.0,
     name: str = "drain",
     args: Sequence[str] = (),
+    kafka: Mapping[str, str | None] | None = None,
 ) -> Worker:
     """Run a clean worker until the group's committed offsets reach the end, then stop it.
 
     Fails (with the worker's log) if the offsets do not get there: a stuck
     partition is a finding, not something to wait out.
     """
-    worker = factory.start(name, args=args)
+    worker = factory.start(name, args=args, kafka=kafka)
     # Joined first: with the offsets already at the end, a SIGTERM during
     # start-up would otherwise hit the process before its handlers exist.
     worker.wait_assigned(timeout)
