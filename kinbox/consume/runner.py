@@ -258,6 +258,7 @@ class Runner:
         self._breaker.forget(tp)
 
     def _handle(self, records: list[Record]) -> None:
+        self._offsets.handed(records)
         by_partition: dict[Partition, list[Record]] = {}
         for record in records:
             by_partition.setdefault((record.topic, record.partition), []).append(record)

@@ -170,6 +170,20 @@ class KafkaTransport:
         except KafkaException as exc:
             raise translate(f"seeking {partition}@{offset}", exc) from exc
 
+    def positions(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
+        """See :meth:`Transport.positions`: librdkafka's application position.
+
+        librdkafka moves it past the transaction markers it serves in a poll
+        (since 1.4), which no committed ``last offset + 1`` ever reaches.
+        """
+        if not partitions:
+            return {}
+        try:
+            parts = self._consumer.position([TopicPartition(t, p) for t, p in partitions])
+        except KafkaException as exc:
+            raise translate(f"reading the positions of {list(partitions)}", exc) from exc
+        return {(tp.topic, tp.partition): tp.offset for tp in parts if tp.offset >= 0}
+
     def close(self) -> None:
         """See :meth:`Transport.close`."""
         try:
