@@ -230,6 +230,18 @@ def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[i
     return {tp.partition: tp.offset for tp in parts if tp.offset >= 0}
 
 
+def log_ends(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    """Each partition's high watermark: the offset after the last committed record or marker."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fault-ends", "log_level": 3})
+    try:
+        return {
+            p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
 def set_max_message_bytes(bootstrap: str, topic: str, limit: int) -> None:
     """Set ``topic``'s ``max.message.bytes``, as an operator would.
 
