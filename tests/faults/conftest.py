@@ -51,12 +51,14 @@ from kinbox.devstack.stack import Stack
 from tests.support import scoreboard
 from tests.support.fault_run import Run, open_run
 from tests.support.scenario import (
+    LONG_ENV,
     MARK,
     SEED,
     SEED_ENV,
     Round,
     declared,
     events_per_round,
+    long_mode,
     round_seed,
 )
 
@@ -88,9 +90,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             f"scenario {declaration.id} declared twice: {_DECLARED[declaration.id]} and {where}"
         )
     rounds = declaration.expand()
+    skip = (
+        [pytest.mark.skip(reason=f"long mode only: --long or {LONG_ENV}=1")]
+        if declaration.long_only and not long_mode()
+        else []
+    )
     metafunc.parametrize(
         ["fault_round", *declaration.arguments],
-        [(r, *r.arguments) for r in rounds],
+        [pytest.param(r, *r.arguments, marks=skip) for r in rounds],
         ids=[r.id for r in rounds],
     )
 

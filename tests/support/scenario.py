@@ -84,6 +84,8 @@ class Scenario:
         min_rounds: rounds even in quick mode, for a scenario whose fault
             lands by chance (a race a single round may miss).
         cases: variants, case id -> the test's keyword arguments for it.
+        long_only: run in long mode only (a scenario too slow for every
+            ``make test``; quick mode reports it skipped, saying so).
     """
 
     id: str
@@ -92,6 +94,7 @@ class Scenario:
     partitions: int = 3
     min_rounds: int = 1
     cases: Mapping[str, Mapping[str, object]] = field(default_factory=dict, hash=False)
+    long_only: bool = False
 
     def __post_init__(self) -> None:
         if not self.id or " " in self.id:
@@ -167,9 +170,10 @@ def scenario(
     partitions: int = 3,
     min_rounds: int = 1,
     cases: Mapping[str, Mapping[str, object]] | None = None,
+    long_only: bool = False,
 ) -> pytest.MarkDecorator:
     """Declare the decorated test a fault scenario (see :class:`Scenario` for the arguments)."""
-    declared = Scenario(id, title, fault, partitions, min_rounds, dict(cases or {}))
+    declared = Scenario(id, title, fault, partitions, min_rounds, dict(cases or {}), long_only)
     return pytest.mark.scenario(declared)
 
 
