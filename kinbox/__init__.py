@@ -8,7 +8,7 @@ The layout follows a record through the worker::
     kafka.base ──► consume ──────────► apply ──────────────► store.base
     (seam)         envelope, runner,   route, kinds, batch,   (seam)
     kafka.*        inflight, offsets,  dispatch, narrow,      store.postgres,
-    (confluent-    backoff             deadletter, policy,    errors, schema,
+    (confluent-    backoff, breaker    deadletter, policy,    errors, schema,
      kafka)                            outcome                migrations,
                                                               retention (psycopg)
 
