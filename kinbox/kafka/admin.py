@@ -102,8 +102,10 @@ def check_dead_letter_topics(
     sources = sorted(set(targets) | set(targets.values()))
     limits = _max_bytes(admin, [t for t in sources if t in topics], deadline)
     created = _create(admin, missing, targets, topics, limits, deadline)
-    _wait_until_known(admin, created, deadline)
-    limits.update(_max_bytes(admin, created, deadline))
+    # Created here or, at the same moment, by another member starting too:
+    # on a cluster of several brokers, some may not know it yet either way.
+    _wait_until_known(admin, missing, deadline)
+    limits.update(_max_bytes(admin, missing, deadline))
     _check_writable(admin, sorted(set(targets.values())), deadline)
     found = {}
     for source, dlq in targets.items():
@@ -238,15 +240,36 @@ def _error(exc: KafkaException) -> KafkaError | None:
 
 
 def _check_writable(admin: AdminClient, topics: list[str], deadline: float) -> None:
+    pending = topics
+    while pending:
+        pending = _check_writable_once(admin, pending, deadline)
+        if pending:
+            time.sleep(0.2)
+
+
+def _check_writable_once(admin: AdminClient, topics: list[str], deadline: float) -> list[str]:
+    """Check ``topics``; return those a broker did not know yet, to ask again (until deadline).
+
+    A topic just created is unknown to some brokers of a cluster for a
+    moment, and the broker answering need not be the one that listed it.
+    """
     try:
         futures = admin.describe_topics(TopicCollection(topics), include_authorized_operations=True)
     except KafkaException as exc:
         raise translate("describing the dead-letter topics", exc) from exc
+    unknown = []
     for name, future in futures.items():
         try:
             description = future.result(timeout=_remaining(deadline))
         except KafkaException as exc:
             err = _error(exc)
+            if (
+                err is not None
+                and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                and time.monotonic() < deadline
+            ):
+                unknown.append(name)
+                continue
             if err is not None and err.code() in _REFUSED:
                 raise ConfigurationError(
                     f"not authorized to use dead-letter topic {name!r}: {err.str()} "
@@ -261,3 +284,4 @@ def _check_writable(admin: AdminClient, topics: list[str], deadline: float) -> N
                 f"not authorized to write to dead-letter topic {name!r}: a poison event "
                 "could never be dead-lettered; grant WRITE on it"
             )
+    return unknown

@@ -29,13 +29,17 @@ from psycopg import sql
 
 from kinbox.devstack.postgres import PostgresServer
 from kinbox.devstack.stack import Stack
-from kinbox.errors import StoreError
-from producer_outbox.writer import enqueue
 from tests.support.fault_run import Run
 from tests.support.launch import FAST_TIMINGS
-from tests.support.outbox import as_produced, consume, count, migrate_outbox, relay_process
+from tests.support.outbox import (
+    RowWriter,
+    as_produced,
+    consume,
+    migrate_outbox,
+    relay_process,
+    wait_all_sent,
+)
 from tests.support.scenario import long_mode, scenario
-from tests.support.waiting import wait_for
 from tests.support.workers import Worker
 
 SECONDS_ENV = "KINBOX_CHAOS_SECONDS"
@@ -49,47 +53,10 @@ def chaos_seconds() -> float:
     return float(os.environ.get(SECONDS_ENV) or (300 if long_mode() else 45))
 
 
-@pytest.fixture(scope="module")
-def postgres(own_postgres: PostgresServer) -> PostgresServer:
-    """A PostgreSQL server the loop may restart (not the shared one)."""
-    return own_postgres
-
-
 @pytest.fixture
-def fault_database_url(postgres: PostgresServer) -> str:
-    """Every round of this module runs on that server."""
-    return postgres.url
-
-
-@dataclass
-class Writer:
-    """Commits outbox rows, one transaction each, through a database that may restart."""
-
-    database_url: str
-    schema: str
-    topic: str
-    rng: random.Random
-    stop: threading.Event = field(default_factory=threading.Event)
-    commits: int = 0
-    outages: int = 0
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                with psycopg.connect(self.database_url, connect_timeout=3) as conn:
-                    while not self.stop.is_set():
-                        with conn.transaction():
-                            enqueue(conn, self.topic, {"n": self.commits},
-                                    key=self.rng.choice(KEYS), schema=self.schema)  # fmt: skip
-                        self.commits += 1
-                        time.sleep(self.rng.uniform(0.002, 0.02))
-            except (psycopg.OperationalError, StoreError) as exc:
-                # The server restarting: a COMMIT whose answer was lost may or
-                # may not have happened; the outbox table says which at the end.
-                if isinstance(exc, StoreError) and not exc.transient:
-                    raise
-                self.outages += 1
-                time.sleep(0.2)
+def fault_database_url(own_postgres: PostgresServer) -> str:
+    """Every round of this module runs on a server of its own, which the loop restarts."""
+    return own_postgres.url
 
 
 @dataclass
@@ -153,6 +120,7 @@ class Chaos:
     def relay(self) -> None:
         victim = self.run.rng.randrange(len(self.relays))
         self.relays[victim].kill()
+        self.relays[victim].wait(10)
         self.relays[victim] = self._start_relay()
         self.say(f"relay {victim} SIGKILLed and replaced")
 
@@ -220,14 +188,15 @@ def _key_order(run: Run) -> list[str]:
 
 
 @scenario("24", "chaos loop", fault="members, relays, PG at random", partitions=6)
-def test_chaos_loop(run: Run, postgres: PostgresServer) -> None:
+def test_chaos_loop(run: Run, own_postgres: PostgresServer) -> None:
     seconds = chaos_seconds()
     stack = Stack(run.bootstrap, run.database_url, None, None)
     with psycopg.connect(run.database_url, autocommit=True) as db:
         migrate_outbox(db, run.schema)
     env = {"FAULT_SLEEP": str(run.rng.choice([0.002, 0.005]))}
-    chaos = Chaos(run, stack, postgres, env)
-    writer = Writer(run.database_url, run.schema, run.topic, random.Random(run.rng.random()))
+    chaos = Chaos(run, stack, own_postgres, env)
+    writer = RowWriter(run.database_url, run.schema, run.topic, KEYS,
+                       random.Random(run.rng.random()))  # fmt: skip
     thread = threading.Thread(target=writer.run, daemon=True)
     plan = _schedule(run.rng, seconds, chaos)
     try:
@@ -252,10 +221,7 @@ def test_chaos_loop(run: Run, postgres: PostgresServer) -> None:
             # Then, once the writer stopped, the relays publish every row
             writer.stop.set()
             thread.join(30)
-            with psycopg.connect(run.database_url, autocommit=True) as db:
-                total = count(db, run.schema)
-                wait_for(lambda: count(db, run.schema, "status = 'sent'") == total, 90,
-                         f"{total} outbox rows sent")  # fmt: skip
+            total = wait_all_sent(run.database_url, run.schema)
             for relay in chaos.relays:
                 relay.send_signal(signal.SIGTERM)
                 relay.wait(30)
@@ -272,6 +238,7 @@ def test_chaos_loop(run: Run, postgres: PostgresServer) -> None:
         for relay in chaos.started_relays:
             if relay.poll() is None:
                 relay.kill()
+            relay.wait(10)
     outcome = run.finish(drain_timeout=120)
     disorder = _key_order(run)
     print(f"[faults] scenario 24 chaos: {seconds:.0f}s, {len(chaos.done)} actions, "

@@ -24,7 +24,6 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import psycopg
 import pytest
@@ -34,21 +33,20 @@ from kinbox.devstack.cluster import KafkaCluster
 from kinbox.devstack.command import dev_stack
 from kinbox.devstack.stack import Stack
 from kinbox.errors import ServiceError
-from producer_outbox.writer import enqueue
 from tests.conftest import STACK_LINES, cannot_start
 from tests.support.fault_run import Run
 from tests.support.outbox import (
+    RowWriter,
     consume,
-    count,
     first_deliveries,
     migrate_outbox,
     outbox_rows,
     relay_process,
     stop_relay,
+    wait_all_sent,
 )
 from tests.support.scenario import scenario
 from tests.support.topics import create_topic
-from tests.support.waiting import wait_for
 
 POISON_EVERY = 37
 KEYS = tuple(f"order-{n}" for n in range(6))
@@ -86,32 +84,6 @@ def nodes(stack: Stack) -> KafkaCluster:
     return stack.cluster
 
 
-@dataclass
-class Writer:
-    """Commits outbox rows of a few keys, one transaction each, until told to stop."""
-
-    database_url: str
-    schema: str
-    topic: str
-    rng: random.Random
-    stop: threading.Event = field(default_factory=threading.Event)
-    written: int = 0
-    error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with psycopg.connect(self.database_url) as conn:
-                while not self.stop.is_set():
-                    key = self.rng.choice(KEYS)
-                    with conn.transaction():
-                        enqueue(conn, self.topic, {"n": self.written}, key=key,
-                                schema=self.schema)  # fmt: skip
-                    self.written += 1
-                    time.sleep(self.rng.uniform(0.005, 0.03))
-        except BaseException as exc:  # surfaced by the test
-            self.error = exc
-
-
 def _leader_of(stack: Stack, topic: str, partition: int) -> int:
     metadata = AdminClient({"bootstrap.servers": stack.bootstrap_servers}).list_topics(timeout=10)
     return int(metadata.topics[topic].partitions[partition].leader)
@@ -139,7 +111,8 @@ def _pipeline(run: Run, stack: Stack, fault: Callable[[], None]) -> None:
     produced = run.produce(duplicates=run.rng.randint(0, 10))
     env = {"FAULT_SLEEP": str(run.rng.choice([0.005, 0.01])), "FAULT_POISON_EVERY":
            str(POISON_EVERY)}  # fmt: skip
-    writer = Writer(run.database_url, run.schema, outbox_topic, random.Random(run.rng.random()))
+    writer = RowWriter(run.database_url, run.schema, outbox_topic, KEYS,
+                       random.Random(run.rng.random()))  # fmt: skip
     thread = threading.Thread(target=writer.run)
     relay = relay_process(stack, run.schema, "--batch-size", str(run.rng.choice([5, 20])))
     try:
@@ -157,16 +130,15 @@ def _pipeline(run: Run, stack: Stack, fault: Callable[[], None]) -> None:
                 assert member.stop() == 0, member.log_tail()
         writer.stop.set()
         thread.join(30)
-        assert writer.error is None, writer.error
+        wait_all_sent(run.database_url, run.schema)
         with psycopg.connect(run.database_url, autocommit=True) as db:
-            wait_for(lambda: count(db, run.schema, "status = 'sent'") == writer.written, 60,
-                     f"{writer.written} outbox rows sent")  # fmt: skip
             rows = outbox_rows(db, run.schema)
         assert stop_relay(relay) == 0
     finally:
         writer.stop.set()
         if relay.poll() is None:
             relay.kill()
+            relay.wait(10)
     # and the relay published every row, in (txid, seq) order per key
     received = consume(stack, outbox_topic, len(rows), linger=1.0)
     promised: dict[str | None, list[str]] = {}

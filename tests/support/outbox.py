@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -25,6 +26,7 @@ from confluent_kafka import Consumer
 from psycopg import sql
 
 from kinbox.devstack.stack import Stack
+from kinbox.errors import StoreError
 from kinbox.store.migrations import migrate
 from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import KafkaPublisher, producer_config
@@ -58,6 +60,17 @@ def count(db: Conn, schema: str, where: str = "true") -> int:
     row = db.execute(query).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def wait_all_sent(database_url: str, schema: str, timeout: float = 90.0) -> int:
+    """Wait until every outbox row is marked sent (the writers stopped); return how many."""
+    from tests.support.waiting import wait_for
+
+    with psycopg.connect(database_url, autocommit=True) as db:
+        total = count(db, schema)
+        wait_for(lambda: count(db, schema, "status = 'sent'") == total, timeout,
+                 f"{total} outbox rows sent")  # fmt: skip
+    return total
 
 
 def consume(
@@ -260,3 +273,43 @@ def outbox_rows(db: Conn, schema: str, where: str = "true") -> list[tuple[Any, .
         + " ORDER BY txid, seq"
     ).format(sql.Identifier(schema))
     return db.execute(query).fetchall()
+
+
+@dataclass
+class RowWriter:
+    """Commits outbox rows of ``keys``, one transaction each, until :attr:`stop` is set.
+
+    For a thread beside relays under faults: a database that restarts costs
+    it a reconnect, not its life (a COMMIT whose answer was lost may or may
+    not have happened; the outbox table says which at the end).
+    """
+
+    database_url: str
+    schema: str
+    topic: str
+    keys: Sequence[str]
+    rng: random.Random
+    stop: threading.Event = field(default_factory=threading.Event)
+    commits: int = 0
+    """Rows whose COMMIT was answered."""
+    outages: int = 0
+
+    def run(self) -> None:
+        """Write until stopped (the thread's target)."""
+        from producer_outbox.writer import enqueue
+
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(self.database_url, connect_timeout=3) as conn:
+                    while not self.stop.is_set():
+                        key = self.rng.choice(self.keys)
+                        with conn.transaction():
+                            enqueue(conn, self.topic, {"n": self.commits}, key=key,
+                                    schema=self.schema)  # fmt: skip
+                        self.commits += 1
+                        time.sleep(self.rng.uniform(0.002, 0.02))
+            except (psycopg.OperationalError, StoreError) as exc:
+                if isinstance(exc, StoreError) and not exc.transient:
+                    raise
+                self.outages += 1
+                time.sleep(0.2)
