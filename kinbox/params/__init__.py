@@ -5,13 +5,13 @@
                    or a SQLAlchemy session: a :class:`~kinbox.params.signature.Plan`
 ``payload``        decoding the record's value into the payload's type
 ``structs``        stdlib dataclasses built from decoded JSON (no pydantic)
-``models``         pydantic models and other types, validated by pydantic
 ``wrap``           the ``(event, tx)`` / ``(events, tx)`` function a handler kind calls
 =================  ============================================================
 
 Driver-free like the rest of the core: registering a handler loads neither
 pydantic nor SQLAlchemy unless its annotations already name them (then the
-user's module has loaded them). The SQLAlchemy session lives with the store
+user's module has loaded them). pydantic's validators are in
+:mod:`kinbox.validators`, the SQLAlchemy session lives with the store
 (:mod:`kinbox.store.orm`), the Schema Registry's deserializers with Kafka
 (:mod:`kinbox.kafka.serde`); both are imported only for a handler that uses them.
 """

@@ -80,8 +80,7 @@ def _from_bytes(target: object, *, where: str) -> Decode:
     if structs.is_plain_dataclass(target):
         build = structs.builder(target)
         return lambda event: build(_json(event))
-    models = _models(target, where=where)
-    decode = models.json_decoder(target, where=where)
+    decode = _models(target, where=where).json_decoder(target, where=where)
     return lambda event: decode(event.value)
 
 
@@ -95,8 +94,8 @@ def _converter(target: object, *, where: str) -> Convert:
         return _mapping
     if structs.is_plain_dataclass(target):
         return _keep_instances(target, structs.builder(target))
-    models = _models(target, where=where)
-    return _keep_instances(target, models.python_converter(target, where=where))
+    convert = _models(target, where=where).python_converter(target, where=where)
+    return _keep_instances(target, convert)
 
 
 def _reader(deserializer: object, *, where: str) -> Decode:
@@ -157,18 +156,18 @@ def _is_mapping(target: object) -> bool:
 
 
 def _models(target: object, *, where: str) -> Any:
-    """:mod:`kinbox.params.models`, or why ``target`` cannot be decoded without pydantic."""
+    """:mod:`kinbox.validators`, or why ``target`` cannot be decoded without pydantic."""
     if dataclasses.is_dataclass(target) and not isinstance(target, type):
         raise ConfigurationError(f"{where}: annotate the payload with a type, not {target!r}")
     try:
-        from kinbox.params import models
+        from kinbox import validators  # loaded only for types pydantic validates
     except ImportError as exc:
         raise ConfigurationError(
             f"{where}: a payload of type {describe_type(target)} is validated by pydantic, "
             "which is not installed: pip install 'kinbox[pydantic]' (bytes, str, dict and "
             "dataclasses need nothing)"
         ) from exc
-    return models
+    return validators
 
 
 def _value(event: Event) -> bytes:

@@ -139,7 +139,14 @@ def plan_for(
             continue
         if parameter.kind is inspect.Parameter.VAR_KEYWORD:
             continue
-        source = _source(hints[parameter.name], batch=batch)
+        hint = hints[parameter.name]
+        if isinstance(hint, Unresolved) and ("Session" in hint.text or "Event" in hint.text):
+            # Taking it for the connection would hand a session's user a psycopg connection.
+            _refuse(
+                f"{where}: the annotation {hint.text!r} of {_name(parameter)} cannot be "
+                "resolved; import it at module level (not under TYPE_CHECKING)"
+            )
+        source = _source(hint, batch=batch)
         if source == "connection" and any(p.source == "connection" for p in params):
             source = None  # a second connection: only a default may stand in for it
         if source == "session":

@@ -1,7 +1,9 @@
-"""Payloads validated by pydantic: its models, and any other type through a ``TypeAdapter``.
+"""Typed payloads validated by pydantic: its models, and any other type through a ``TypeAdapter``.
 
-Imported only for a handler whose payload type needs pydantic (a model was
-defined with it, so it is loaded already); ``pip install 'kinbox[pydantic]'``.
+The glue to an optional library, outside the driver-free core
+(:mod:`kinbox.params.payload` imports it only for a handler whose payload type
+needs pydantic; a model was defined with it, so pydantic is loaded already).
+``pip install 'kinbox[pydantic]'``.
 The validators are built here, at registration, so a type pydantic cannot
 handle fails at import, not on the first event.
 """
