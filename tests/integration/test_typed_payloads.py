@@ -119,9 +119,7 @@ def test_a_typed_batch_handler_with_its_own_deserializer(
         wait_for(lambda: committed(stack.bootstrap_servers, group, topic, 1) == {0: 5})
 
     # Then every good line is applied, the bad value dead-lettered with reason payload
-    assert sorted(row[1] for row in effects(db, schema)) == [
-        f"e{i}:sku{i}x{i}" for i in range(4)
-    ]
+    assert sorted(row[1] for row in effects(db, schema)) == [f"e{i}:sku{i}x{i}" for i in range(4)]
     assert statuses(db, schema, group)["bad"][0] == "dead_lettered"
     [letter] = dead_letters(config, f"{topic}.dlq")
     assert header(letter, "kinbox.dlq.reason") == "payload"
