@@ -9,20 +9,16 @@ the handler's deserializer into its typed payload.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import pydantic
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from kinbox.app import App
 from kinbox.devstack.process import free_port
 from kinbox.devstack.registry import SchemaRegistry, start_registry
 from kinbox.devstack.stack import Stack
@@ -35,11 +31,10 @@ from tests.integration.inbox_support import (
     Conn,
     committed,
     effects,
-    prepare_schema,
     settings,
     wait_for,
 )
-from tests.integration.typed_support import insert_effect, produce_values
+from tests.integration.typed_support import Line, Order, fresh_app, insert_effect, produce_values
 
 ORDER_AVRO = json.dumps(
     {
@@ -57,17 +52,6 @@ LINE_JSON_SCHEMA = json.dumps(
         "required": ["sku", "qty"],
     }
 )
-
-
-class Order(pydantic.BaseModel):
-    order_id: str
-    amount: int
-
-
-@dataclasses.dataclass
-class Line:
-    sku: str
-    qty: int
 
 
 @pytest.fixture(scope="module")
@@ -100,9 +84,7 @@ def test_avro_into_a_pydantic_model_and_bad_records_dead_lettered(
 ) -> None:
     # Given records Avro-serialized against the registry, a record with a bad
     # magic byte and one naming a schema id the registry does not know
-    topic = make_topic(partitions=1)
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    prepare_schema(stack.database_url, schema)
+    app, topic, group = fresh_app(stack, make_topic, schema)
     avro = AvroSerializer(client, ORDER_AVRO)
     orders = [serialized(avro, topic, {"order_id": f"o{i}", "amount": i}) for i in range(3)]
     unknown_id = b"\x00" + (987654).to_bytes(4, "big") + orders[0][5:]
@@ -111,7 +93,6 @@ def test_avro_into_a_pydantic_model_and_bad_records_dead_lettered(
     produce_values(stack.bootstrap_servers, topic, records)
 
     # ... and a handler that takes an Order, decoded by the registry's Avro deserializer
-    app = App(group_id=group, schema=schema)
     got: list[Order] = []
 
     @app.handler(topic, value_deserializer=AvroDeserializer(client), max_attempts=5)
@@ -147,9 +128,8 @@ def test_json_schema_into_a_dataclass_as_the_app_default(
     stack: Stack, make_topic: MakeTopic, schema: str, db: Conn, client: SchemaRegistryClient
 ) -> None:
     # Given records serialized with a registered JSON Schema, one of them invalid
-    topic = make_topic(partitions=1)
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    prepare_schema(stack.database_url, schema)
+    deserializer = JSONDeserializer(None, schema_registry_client=client)
+    app, topic, group = fresh_app(stack, make_topic, schema, value_deserializer=deserializer)
     serializer = JSONSerializer(LINE_JSON_SCHEMA, client)
     good = [serialized(serializer, topic, {"sku": f"s{i}", "qty": i}) for i in range(2)]
     # Framed like the others, but its document breaks the schema (qty is text)
@@ -159,12 +139,6 @@ def test_json_schema_into_a_dataclass_as_the_app_default(
     )
 
     # ... and the registry's JSON deserializer as the App's default for typed handlers
-    app = App(
-        group_id=group,
-        schema=schema,
-        value_deserializer=JSONDeserializer(None, schema_registry_client=client),
-    )
-
     @app.handler(topic)
     def apply(line: Line, tx: Any, event: Event) -> None:
         assert isinstance(line, Line)

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import uuid
 from typing import Any
 
-import pydantic
-
-from kinbox.app import App
 from kinbox.devstack.stack import Stack
 from kinbox.event import Event
 from tests.conftest import MakeTopic
@@ -18,32 +13,17 @@ from tests.integration.inbox_support import (
     Conn,
     committed,
     effects,
-    prepare_schema,
     settings,
     wait_for,
 )
-from tests.integration.typed_support import insert_effect, produce_values
-
-
-class Order(pydantic.BaseModel):
-    order_id: str
-    amount: int
-
-
-@dataclasses.dataclass
-class Line:
-    sku: str
-    qty: int
+from tests.integration.typed_support import Line, Order, fresh_app, insert_effect, produce_values
 
 
 def test_a_pydantic_payload_is_applied_once_and_an_invalid_one_dead_lettered_at_once(
     stack: Stack, make_topic: MakeTopic, schema: str, db: Conn
 ) -> None:
     # Given a handler that asks for an Order (and the event), five tries per event
-    topic = make_topic(partitions=1)
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    prepare_schema(stack.database_url, schema)
-    app = App(group_id=group, schema=schema)
+    app, topic, group = fresh_app(stack, make_topic, schema)
     seen: list[tuple[str, int]] = []
 
     @app.handler(topic, max_attempts=5)
@@ -91,10 +71,7 @@ def test_a_typed_batch_handler_with_its_own_deserializer(
     stack: Stack, make_topic: MakeTopic, schema: str, db: Conn
 ) -> None:
     # Given a batch handler of dataclasses, whose values are "sku:qty" text
-    topic = make_topic(partitions=1)
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    prepare_schema(stack.database_url, schema)
-    app = App(group_id=group, schema=schema)
+    app, topic, group = fresh_app(stack, make_topic, schema)
 
     def parse(raw: bytes) -> dict[str, object]:
         sku, qty = raw.decode().split(":")  # "garbage" has no ":": a ValueError

@@ -2,13 +2,45 @@
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from collections.abc import Sequence
+from typing import Any
 
+import pydantic
 from confluent_kafka import Producer
 from psycopg import sql
 
+from kinbox.app import App
+from kinbox.devstack.stack import Stack
+from tests.conftest import MakeTopic
+from tests.integration.inbox_support import prepare_schema
+
 Value = tuple[str, bytes]
 """``(event id, value)`` of one record to produce."""
+
+
+class Order(pydantic.BaseModel):
+    """A payload validated by pydantic."""
+
+    order_id: str
+    amount: int
+
+
+@dataclasses.dataclass
+class Line:
+    """A payload built as a plain dataclass."""
+
+    sku: str
+    qty: int
+
+
+def fresh_app(stack: Stack, make_topic: MakeTopic, schema: str, **app: Any) -> tuple[App, str, str]:
+    """A one-partition topic, a group, the schema migrated: ``(app, topic, group)``."""
+    topic = make_topic(partitions=1)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    prepare_schema(stack.database_url, schema)
+    return App(group_id=group, schema=schema, **app), topic, group
 
 
 def produce_values(
