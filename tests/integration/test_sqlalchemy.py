@@ -51,6 +51,12 @@ def notes(stack: Stack, schema: str) -> Iterator[str]:
     yield schema
 
 
+def app_on(make_topic: MakeTopic, schema: str) -> tuple[App, str, str]:
+    """A one-partition topic and a group on ``schema``: ``(app, topic, group)``."""
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    return App(group_id=group, schema=schema), make_topic(partitions=1), group
+
+
 def note_rows(db: Conn, schema: str) -> list[tuple[str, str]]:
     query = sql.SQL("SELECT event_id, text FROM {}.notes ORDER BY id").format(
         sql.Identifier(schema)
@@ -67,9 +73,7 @@ def test_orm_effects_commit_with_the_claim_and_a_duplicate_is_suppressed(
     stack: Stack, make_topic: MakeTopic, notes: str, db: Conn
 ) -> None:
     # Given a handler that writes through the ORM, and an event delivered twice
-    topic = make_topic(partitions=1)
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    app = App(group_id=group, schema=notes)
+    app, topic, group = app_on(make_topic, notes)
 
     @app.handler(topic)
     def apply(payload: dict[str, str], session: Session, event: Event) -> None:
@@ -92,9 +96,7 @@ def test_a_failed_try_commits_nothing_even_after_session_commit(
     stack: Stack, make_topic: MakeTopic, notes: str, db: Conn
 ) -> None:
     # Given a handler that adds a row, commits its session, then fails on its first try
-    topic = make_topic(partitions=1)
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    app = App(group_id=group, schema=notes)
+    app, topic, group = app_on(make_topic, notes)
     tries: list[str] = []
 
     @app.handler(topic, max_attempts=3)
@@ -121,9 +123,7 @@ def test_a_poison_event_mid_batch_is_redone_carefully_with_the_session(
     stack: Stack, make_topic: MakeTopic, notes: str, db: Conn
 ) -> None:
     # Given an ORM handler that fails for one event of a batch, for good (one try)
-    topic = make_topic(partitions=1)
-    group = f"g-{uuid.uuid4().hex[:8]}"
-    app = App(group_id=group, schema=notes)
+    app, topic, group = app_on(make_topic, notes)
 
     @app.handler(topic, max_attempts=1)
     def apply(payload: str, session: Session, event: Event) -> None:
