@@ -30,7 +30,7 @@ The layout follows a record through the worker::
 ``middleware/``   layers around workers, batches and handler calls; telemetry
 ``ops/``          the worker process: signals, shutdown, ``--processes N``
 ``cli/``          the ``kinbox`` command, one module per command group
-``testing/``      fakes of the seams, for users' tests and ours
+``testing/``      the test client, the redelivery check, the pytest plugin, fakes
 ``devstack/``     the local Kafka + PostgreSQL (+ Connect) launcher
 ``bench/``        the benchmark harness behind ``kinbox bench``
 ================  ==============================================================

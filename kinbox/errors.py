@@ -16,6 +16,8 @@
     │                                                  (in kinbox.failpoints: crash tests only)
     ├── TransactionControlError                        a handler tried to end the inbox
     │                                                  transaction (commit or roll back) itself
+    ├── RedeliveryUnsafe(KinboxError, AssertionError)  a handler's effect changed on redelivery
+    │                                                  (in kinbox.testing: users' tests only)
     └── (control flow, never logged as errors)
         ├── Retry(delay)                               a handler asks to be tried again later
         └── DeadLetter(reason)                         a handler gives the event up

@@ -33,8 +33,10 @@ batch's ids, COMMIT (a deferred constraint), the dead-letter bookkeeping — is
 pinned on its event by splitting the batch (:mod:`kinbox.apply.narrow`): an id that
 cannot be stored goes to the ``missing_id`` policy, a refused COMMIT counts
 as a try of its event. So no record stalls its partition. Only an outage (a
-transient error: also when seen inside a handler) or a dead letter the broker
-did not acknowledge rolls the whole batch back without counting a try.
+transient error: also when seen inside a handler) rolls the whole batch back
+without counting a try. A dead letter the broker did not acknowledge counts
+no try either: the events before it commit, and the partition holds at it
+until the broker takes it (see :mod:`kinbox.apply.narrow`).
 
 Ambiguous commit: when the connection is lost during COMMIT, kinbox cannot
 know whether the transaction committed, and does not guess. The batch is
@@ -53,7 +55,7 @@ from collections.abc import Mapping, Sequence
 from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
 from kinbox.apply.dispatch import Dispatcher
-from kinbox.apply.narrow import Plan, Refused, Settlement, Tally
+from kinbox.apply.narrow import Plan, Refused, Settlement, Tally, Undeliverable
 from kinbox.apply.outcome import BatchResult, Failure
 from kinbox.apply.route import Route
 from kinbox.consume.envelope import Record, derived_event, to_event
@@ -185,8 +187,8 @@ class BatchProcessor:
             Refused: PostgreSQL refused the claim, COMMIT or a dead letter's
                 bookkeeping, not transiently.
             HandlerFailed, Abandoned: see :meth:`Dispatcher.run`.
-            StoreError, TransportError: the database or the broker failed;
-                the batch must wait.
+            Undeliverable: the broker did not take a dead letter.
+            StoreError: the database failed; the batch must wait.
         """
         route = self._routes[events[0].topic]
         letters: list[Letter] = []
@@ -215,9 +217,7 @@ class BatchProcessor:
                     # The deferred checks COMMIT would run are run first, so a
                     # refused COMMIT is found before the broker has them.
                     self._check_deferred(tx)
-                    for letter in letters:
-                        deadletter.send(self._publisher, letter, self._limits.get(letter.target))
-                    self._publisher.flush()
+                    self._deliver(letters)
                 failpoint("before_db_commit")
                 ready = True
         except StoreError as exc:
@@ -226,6 +226,20 @@ class BatchProcessor:
             raise
         failpoint("after_db_commit")
         return Tally(len(fresh) - len(letters), len(events) - len(fresh), letters)
+
+    def _deliver(self, letters: list[Letter]) -> None:
+        """Send ``letters`` and wait for the broker to acknowledge them all.
+
+        Raises:
+            Undeliverable: one was not acknowledged; blamed on the first, the
+                earliest of them not known to be delivered.
+        """
+        try:
+            for letter in letters:
+                deadletter.send(self._publisher, letter, self._limits.get(letter.target))
+            self._publisher.flush()
+        except TransportError as exc:
+            raise Undeliverable(letters[0], exc) from exc
 
     def _claim(self, tx: InboxTransaction, events: list[Event]) -> list[Event]:
         reclaim = {e.id for e in events if deadletter.is_replay(e.headers)}

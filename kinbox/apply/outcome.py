@@ -55,7 +55,10 @@ class Failure:
         error: the cause (:class:`EnvelopeError`, :class:`StoreError`, or what
             the handler raised).
         event: the event whose handler failed, when one did.
-        record: the record that could not become an event, for envelope errors.
+        record: the record that could not become an event, for envelope errors,
+            or whose dead letter the broker did not take.
+        dead_letter_topic: where that dead letter was going, when one was
+            not delivered (the partition holds at its record).
         streak: consecutive failures of the partition at this offset, of any
             kind (set by the runner; the backoff grows with it, while only
             handler failures count towards ``max_attempts``).
@@ -68,6 +71,7 @@ class Failure:
     error: BaseException
     event: Event | None = None
     record: Record | None = None
+    dead_letter_topic: str | None = None
     streak: int = 1
 
     @property

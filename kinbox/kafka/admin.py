@@ -102,6 +102,7 @@ def check_dead_letter_topics(
     sources = sorted(set(targets) | set(targets.values()))
     limits = _max_bytes(admin, [t for t in sources if t in topics], deadline)
     created = _create(admin, missing, targets, topics, limits, deadline)
+    _wait_until_known(admin, created, deadline)
     limits.update(_max_bytes(admin, created, deadline))
     _check_writable(admin, sorted(set(targets.values())), deadline)
     found = {}
@@ -146,6 +147,30 @@ def _wait_for_metadata(admin: AdminClient, deadline: float) -> dict[str, int]:
                 ) from exc
             log.info("waiting for the Kafka cluster to check the dead-letter topics: %s", exc)
             time.sleep(1.0)
+
+
+def _wait_until_known(admin: AdminClient, topics: list[str], deadline: float) -> None:
+    """Wait until the cluster's metadata has the topics just created.
+
+    CreateTopics returns before every broker knows the new topic; asked
+    about it at once, a broker answers UNKNOWN_TOPIC_OR_PART.
+    """
+    pending = set(topics)
+    while pending:
+        try:
+            meta = admin.list_topics(timeout=min(5.0, _remaining(deadline)))
+            pending -= {name for name, t in meta.topics.items() if t.error is None}
+        except KafkaException as exc:
+            log.debug("waiting for the new dead-letter topics in the metadata: %s", exc)
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise TransportError(
+                f"created dead-letter topic(s) {sorted(pending)}, but the cluster does not "
+                "know them yet",
+                retriable=True,
+            )
+        time.sleep(0.2)
 
 
 def _max_bytes(admin: AdminClient, topics: list[str], deadline: float) -> dict[str, int]:

@@ -31,7 +31,7 @@ from kinbox.config import Settings
 from kinbox.consume.envelope import Record
 from kinbox.errors import FatalTransportError
 from kinbox.kafka.base import Partition, RebalanceListener
-from kinbox.kafka.errors import broken, create_client, describe, is_fatal, translate
+from kinbox.kafka.errors import ClientLog, broken, create_client, describe, is_fatal, translate
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,10 @@ class KafkaTransport:
         Raises:
             ConfigurationError: librdkafka refused the configuration (``-X``).
         """
-        self._consumer = create_client(Consumer, consumer_config(settings), "the consumer")
+        config = consumer_config(settings)
+        self._log = ClientLog(config["logger"])
+        config["logger"] = self._log
+        self._consumer = create_client(Consumer, config, "the consumer")
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         """See :meth:`Transport.subscribe`.
@@ -110,7 +113,7 @@ class KafkaTransport:
         except KafkaException as exc:
             raise translate("consuming", exc) from exc
         except SystemError as exc:
-            raise FatalTransportError(f"consuming: {broken(exc)}") from exc
+            raise FatalTransportError(f"consuming: {broken(exc, self._log)}") from exc
         records = []
         for msg in messages:
             err = msg.error()

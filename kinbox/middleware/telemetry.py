@@ -1,5 +1,12 @@
 """OpenTelemetry as a middleware: a span per partition batch and a few counters.
 
+Counters (label ``topic``, the consumed topic, unless said otherwise):
+``kinbox.events.received``, ``.applied``, ``.duplicate``, ``.dead_lettered``;
+``kinbox.batches.failed`` (and ``kind``: ``handler``, ``store``,
+``dead-letter``, ``envelope``); ``kinbox.dead_letters.undeliverable``, one
+per try whose dead letter the broker did not take (``topic`` the dead-letter
+topic, ``source_topic`` the consumed one).
+
 Only the API is used, so without an SDK configured by the application these
 are no-ops that cost next to nothing. :class:`Telemetry` is installed on
 every :class:`~kinbox.app.App` unless ``App(middleware=[...])`` leaves it out;
@@ -55,7 +62,14 @@ class Telemetry(Middleware):
             "kinbox.events.dead_lettered", description="records sent to a dead-letter topic"
         )
         self._failures = meter.create_counter(
-            "kinbox.batches.failed", description="partition batches that stopped at a failure"
+            "kinbox.batches.failed",
+            description="partition batches that stopped at a failure, by kind "
+            "(handler, store, dead-letter, envelope)",
+        )
+        self._undeliverable = meter.create_counter(
+            "kinbox.dead_letters.undeliverable",
+            description="tries whose dead letter the broker did not take; "
+            "the partition waits at it",
         )
         # Batches of one partition never overlap, so the partition is a key.
         self._open: dict[tuple[str, int], tuple[trace.Span, Token[Context]]] = {}
@@ -91,11 +105,16 @@ class Telemetry(Middleware):
         self._duplicates.add(result.duplicates, labels)
         self._dead_lettered.add(result.dead_lettered, labels)
         opened = self._open.pop((topic, partition), None)
-        cause = error
-        if cause is None and result.failure is not None:
-            cause = result.failure.error
-        if cause is not None:
-            self._failures.add(1, labels)
+        failure = result.failure
+        cause = error if error is not None else (None if failure is None else failure.error)
+        if failure is not None:
+            self._failures.add(1, {**labels, "kind": failure.kind})
+            if failure.dead_letter_topic is not None:
+                self._undeliverable.add(
+                    1, {"topic": failure.dead_letter_topic, "source_topic": topic}
+                )
+        elif error is not None:
+            self._failures.add(1, {**labels, "kind": "error"})
         if opened is None:
             return
         span, token = opened

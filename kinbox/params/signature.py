@@ -27,7 +27,8 @@ The rules, in order:
   (:mod:`kinbox.store.orm`); anything else that reads as a connection — no
   annotation, ``Any``, ``object``, a psycopg type, or an annotation that
   cannot be resolved at registration (an import under ``TYPE_CHECKING``) —
-  the psycopg connection ``tx``.
+  the psycopg connection ``tx``; so does the second parameter whatever its
+  annotation, as it always did.
 - A parameter with a default value that kinbox cannot fill (a second
   connection, an annotation it does not know) keeps its default; without a
   default it is a :class:`~kinbox.errors.ConfigurationError` at import.
@@ -147,6 +148,10 @@ def plan_for(
                 "resolved; import it at module level (not under TYPE_CHECKING)"
             )
         source = _source(hint, batch=batch)
+        if source is None and parameter is parameters[1] and not _names_events(hint):
+            # The old second parameter, whatever its annotation (a team's own
+            # connection Protocol, a fake's class): the connection, as always.
+            source = "connection"
         if source == "connection" and any(p.source == "connection" for p in params):
             source = None  # a second connection: only a default may stand in for it
         if source == "session":
@@ -228,6 +233,13 @@ def _source(annotation: object, *, batch: bool) -> Source | None:
     if str(getattr(origin, "__module__", "")).split(".")[0] == "psycopg":
         return "connection"
     return None
+
+
+def _names_events(annotation: object) -> bool:
+    """``Event`` or ``list[Event]``: an event parameter in the wrong kind of handler."""
+    annotation = strip(annotation)
+    item = list_item(annotation)
+    return annotation is Event or (item is not None and strip(item) is Event)
 
 
 def _session_class(annotation: object, *, where: str) -> type:

@@ -41,7 +41,8 @@ from tests.integration.cdc_support import (
     write_wal,
 )
 from tests.integration.inbox_support import running, settings
-from tests.integration.outbox_support import Received, consume, count, wait_for
+from tests.support.outbox import Received, consume, count
+from tests.support.waiting import wait_for
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 

@@ -25,26 +25,20 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourcePatternType,
     ResourceType,
 )
-from confluent_kafka.cimpl import NewTopic
 
 from kinbox.devstack.kafka import KafkaBroker
 from kinbox.devstack.stack import Stack
 from kinbox.errors import ServiceError
 from kinbox.kafka.admin import HEADROOM_BYTES
 from tests.conftest import cannot_start
+from tests.support.database import prepare_schema
 from tests.support.records import committed, read_topic
-from tests.support.workers import WorkerFactory, prepare_schema, wait_for, workers
+from tests.support.topics import create_topic
+from tests.support.waiting import wait_for
+from tests.support.workers import WorkerFactory, workers
 
 EXIT_CONFIG = 2
 POISON_EVERY = 1000  # effect_app: an id ending in a multiple of this is poison
-
-
-def create_topic(bootstrap: str, partitions: int, **config: str) -> str:
-    name = f"dl-{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)
-    admin.create_topics([topic])[name].result(timeout=30)
-    return name
 
 
 def topic_config(bootstrap: str, topic: str) -> tuple[int, int]:
@@ -104,7 +98,9 @@ def test_a_missing_dead_letter_topic_is_created_with_room_for_the_largest_source
     stack: Stack, factory: WorkerFactory
 ) -> None:
     # Given a source topic that takes records up to 60 kB and no dead-letter topic
-    source = create_topic(stack.bootstrap_servers, 2, **{"max.message.bytes": "60000"})
+    source = create_topic(
+        stack.bootstrap_servers, partitions=2, prefix="dl", config={"max.message.bytes": "60000"}
+    )
     # When a worker starts and meets a poison event of 59 kB
     letters, _ = poison_run(factory, source, 59_000)
     # Then the dead-letter topic was created like its source, with headroom
@@ -120,11 +116,11 @@ def test_headers_are_cut_to_fit_a_dead_letter_topic_that_is_barely_large_enough(
 ) -> None:
     # Given a dead-letter topic whose limit leaves room for the record and only
     # about as much again as its essential headers take
-    source = create_topic(stack.bootstrap_servers, 2, **{"max.message.bytes": "60000"})
+    source = create_topic(
+        stack.bootstrap_servers, partitions=2, prefix="dl", config={"max.message.bytes": "60000"}
+    )
     dlq = f"{source}.dlq"
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
-    topic = NewTopic(dlq, 2, 1, config={"max.message.bytes": str(40_000 + 480)})
-    admin.create_topics([topic])[dlq].result(timeout=30)
+    create_topic(stack.bootstrap_servers, dlq, 2, config={"max.message.bytes": str(40_000 + 480)})
     # When a poison event of 40 kB is dead-lettered
     letters, log = poison_run(factory, source, 40_000)
     # Then the worker warned at start that larger records could not be dead-lettered
@@ -162,7 +158,7 @@ def test_a_dead_letter_topic_that_cannot_be_created_stops_the_worker_at_start(
     strict_broker: KafkaBroker, factory: WorkerFactory
 ) -> None:
     bootstrap = strict_broker.bootstrap_servers
-    factory.topic = create_topic(bootstrap, 1)
+    factory.topic = create_topic(bootstrap, partitions=1, prefix="dl")
     worker = factory.start("w", bootstrap=bootstrap)
     assert worker.wait(90) == EXIT_CONFIG, worker.log_tail()
     assert f"dead-letter topic '{factory.topic}.dlq'" in worker.log(), worker.log_tail()
@@ -174,10 +170,9 @@ def test_an_unwritable_dead_letter_topic_stops_the_worker_at_start(
     strict_broker: KafkaBroker, factory: WorkerFactory, may_describe: bool
 ) -> None:
     bootstrap = strict_broker.bootstrap_servers
-    factory.topic = create_topic(bootstrap, 1)
-    dlq = f"{factory.topic}.dlq"
+    factory.topic = create_topic(bootstrap, partitions=1, prefix="dl")
+    dlq = create_topic(bootstrap, f"{factory.topic}.dlq", 1)
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(dlq, 1, 1)])[dlq].result(timeout=30)
     # Any ACL on the topic ends "allow everyone": only what is granted is allowed.
     acls = [acl(dlq, AclOperation.WRITE, AclPermissionType.DENY)]
     if may_describe:

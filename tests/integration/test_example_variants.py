@@ -20,8 +20,10 @@ from examples.lessons.app import create_tables
 from kinbox.devstack.stack import Stack
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import running, statuses
-from tests.integration.inbox_support import Conn, committed, settings, wait_for
+from tests.integration.inbox_support import committed, settings
 from tests.integration.typed_support import fresh_app, produce_values
+from tests.support.database import Conn
+from tests.support.waiting import wait_for
 
 
 @pytest.mark.parametrize("variant", [app_pydantic, app_sqlalchemy], ids=["pydantic", "sqlalchemy"])

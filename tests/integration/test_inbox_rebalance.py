@@ -13,17 +13,16 @@ import pytest
 from kinbox.devstack.stack import Stack
 from tests.conftest import MakeTopic
 from tests.integration.inbox_support import (
-    FAST_GROUP,
-    Conn,
     Produced,
     assert_offsets_not_ahead,
     committed,
     effects,
-    prepare_schema,
     produce,
     start_worker,
-    wait_for,
 )
+from tests.support.database import Conn, prepare_schema
+from tests.support.launch import FAST_GROUP
+from tests.support.waiting import wait_for
 
 PARTITIONS = 6
 EVENTS = 1200

@@ -14,15 +14,9 @@ import psycopg
 from kinbox.devstack.stack import Stack
 from kinbox.ops.worker import EXIT_INTERRUPTED
 from tests.conftest import MakeTopic
-from tests.integration.inbox_support import (
-    Conn,
-    committed,
-    effects,
-    prepare_schema,
-    produce,
-    start_worker,
-    wait_for,
-)
+from tests.integration.inbox_support import committed, effects, produce, start_worker
+from tests.support.database import Conn, prepare_schema
+from tests.support.waiting import wait_for
 
 
 def _batch_in_flight(database_url: str) -> bool:

@@ -7,13 +7,8 @@ import json
 from psycopg import sql
 
 from kinbox.devstack.stack import Stack
-from tests.integration.outbox_support import (
-    Conn,
-    count,
-    enqueue_many,
-    migrate_outbox,
-    outbox_command,
-)
+from tests.support.database import Conn
+from tests.support.outbox import count, enqueue_many, migrate_outbox, outbox_command
 
 
 def test_status_shows_backlog_and_parked_rows_and_cleanup_removes_only_old_sent(

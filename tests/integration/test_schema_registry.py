@@ -27,14 +27,10 @@ from kinbox.event import Event
 from kinbox.kafka.serde import reader
 from tests.conftest import STACK_LINES, MakeTopic, cannot_start
 from tests.integration.failure_support import dead_letters, header, running, statuses
-from tests.integration.inbox_support import (
-    Conn,
-    committed,
-    effects,
-    settings,
-    wait_for,
-)
+from tests.integration.inbox_support import committed, effects, settings
 from tests.integration.typed_support import Line, Order, fresh_app, insert_effect, produce_values
+from tests.support.database import Conn
+from tests.support.waiting import wait_for
 
 ORDER_AVRO = json.dumps(
     {

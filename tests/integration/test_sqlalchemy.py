@@ -21,8 +21,10 @@ from kinbox.store.orm import engine_for
 from kinbox.store.postgres import PostgresInboxStore
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import dead_letters, header, running, statuses
-from tests.integration.inbox_support import Conn, committed, prepare_schema, settings, wait_for
+from tests.integration.inbox_support import committed, settings
 from tests.integration.typed_support import produce_values
+from tests.support.database import Conn, prepare_schema
+from tests.support.waiting import wait_for
 
 
 class Base(DeclarativeBase):

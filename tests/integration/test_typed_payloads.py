@@ -9,14 +9,10 @@ from kinbox.devstack.stack import Stack
 from kinbox.event import Event
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import dead_letters, header, running, statuses
-from tests.integration.inbox_support import (
-    Conn,
-    committed,
-    effects,
-    settings,
-    wait_for,
-)
+from tests.integration.inbox_support import committed, effects, settings
 from tests.integration.typed_support import Line, Order, fresh_app, insert_effect, produce_values
+from tests.support.database import Conn
+from tests.support.waiting import wait_for
 
 
 def test_a_pydantic_payload_is_applied_once_and_an_invalid_one_dead_lettered_at_once(

@@ -14,7 +14,7 @@ from psycopg import sql
 from kinbox.app import App
 from kinbox.devstack.stack import Stack
 from tests.conftest import MakeTopic
-from tests.integration.inbox_support import prepare_schema
+from tests.support.database import prepare_schema
 
 Value = tuple[str, bytes]
 """``(event id, value)`` of one record to produce."""

@@ -142,7 +142,7 @@ def test_defaults_keep_their_value_when_kinbox_cannot_fill_them() -> None:
 @pytest.mark.parametrize(
     ("code", "message"),
     [
-        ("def h(payload: Lesson, count: int): ...", "cannot fill parameter 'count'"),
+        ("def h(payload: Lesson, tx, count: int): ...", "cannot fill parameter 'count'"),
         ("def h(payload: Lesson, a, b): ...", "cannot fill parameter 'b'"),
         ("def h(payload: Lesson, events: list[Event]): ...", "cannot fill parameter 'events'"),
         ("def h(payload: Missing, tx): ...", "'Missing' cannot be resolved"),

@@ -1,8 +1,15 @@
-"""Helpers of the outbox integration tests: migrate, run relays, read the topic back."""
+"""The outbox in tests: migrate it, enqueue, run relays (in a thread or as processes), read back.
+
+Shared by the outbox integration tests and the fault suite's relay
+scenarios; a topic is read back with a group-less consumer of its own, so
+reading never disturbs the group under test.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -11,7 +18,6 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,9 +30,9 @@ from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import KafkaPublisher, producer_config
 from producer_outbox.relay import Relay
 from producer_outbox.schema import OUTBOX
-
-ROOT = Path(__file__).resolve().parents[2]
-Conn = psycopg.Connection[tuple[Any, ...]]
+from tests.support.database import Conn
+from tests.support.launch import ROOT
+from tests.support.records import Produced
 
 
 @dataclass(frozen=True)
@@ -42,23 +48,16 @@ class Received:
 
 
 def migrate_outbox(db: Conn, schema: str) -> None:
+    """Create the outbox tables in ``schema``."""
     migrate(db, schema, [OUTBOX])
 
 
 def count(db: Conn, schema: str, where: str = "true") -> int:
+    """Outbox rows matching ``where`` (a literal condition written by the test)."""
     query = sql.SQL("SELECT count(*) FROM {}.outbox WHERE " + where).format(sql.Identifier(schema))
     row = db.execute(query).fetchone()
     assert row is not None
     return int(row[0])
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
 
 
 def consume(
@@ -118,7 +117,35 @@ def consume(
     return received
 
 
+def first_deliveries(received: Sequence[Received]) -> dict[str | None, list[Received]]:
+    """Per key, the first delivery of each event, in (partition, offset) order.
+
+    Later copies (a relay's retry re-publishes a batch) are left out: the
+    order a key promises is the order its events first appear.
+    """
+    seen: set[str] = set()
+    by_key: dict[str | None, list[Received]] = {}
+    for record in sorted(received, key=lambda r: (r.partition, r.offset)):
+        if record.event_id not in seen:
+            seen.add(record.event_id)
+            by_key.setdefault(record.key, []).append(record)
+    return by_key
+
+
+def as_produced(topic: str, partitions: int, received: Sequence[Received]) -> Produced:
+    """What the relays published, as the fault suite's :class:`Produced` (for its drain)."""
+    return Produced(topic, partitions, {(r.partition, r.offset): r.event_id for r in received})
+
+
+def assert_key_order(received: Sequence[Received]) -> None:
+    """Per key, the first delivery of each row comes in write order (payload ``n`` increasing)."""
+    for key, records in first_deliveries(received).items():
+        ns = [json.loads(record.value)["n"] for record in records]
+        assert ns == sorted(ns), f"key {key!r} first published out of order: {ns}"
+
+
 def relay_config(stack: Stack, schema: str, **overrides: Any) -> RelayConfig:
+    """A relay's configuration on the test database, quick to poll, ``overrides`` on top."""
     settings: dict[str, Any] = {"poll_interval": 0.2, "batch_size": 50, "lanes": 8}
     settings.update(overrides)
     return RelayConfig(database_url=stack.database_url, schema=schema, **settings)
@@ -181,6 +208,16 @@ def relay_process(
     environ.pop("KINBOX_FAILPOINTS", None) if env is None else None
     # Logs go to the inherited stderr, which pytest captures and shows on failure.
     return subprocess.Popen(command, env=environ, cwd=ROOT)
+
+
+def stop_relay(relay: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+    """SIGTERM a relay process and return its exit status; SIGKILL it and fail if it hangs."""
+    relay.send_signal(signal.SIGTERM)
+    try:
+        return relay.wait(timeout)
+    except subprocess.TimeoutExpired:
+        relay.kill()
+        raise AssertionError(f"relay ignored SIGTERM for {timeout:.0f}s") from None
 
 
 def enqueue_many(
