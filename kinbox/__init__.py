@@ -21,10 +21,12 @@ The layout follows a record through the worker::
 ``failpoints``    crash points for the fault tests, one grammar (shared)
 ``lazy``          names that load on first use, for ``__init__`` files (shared)
 ``describe``      exceptions and values as safe, bounded text
+``validators``    typed payloads validated by pydantic (the ``pydantic`` extra)
 ``consume/``      the poll loop, up to a partition batch: driver-free
 ``apply/``        one partition batch in one transaction: driver-free
 ``store/``        the inbox store seam and PostgreSQL behind it
 ``kafka/``        the Kafka seam and confluent-kafka behind it
+``params/``       what a handler's parameters get: typed payloads, sessions (driver-free)
 ``middleware/``   layers around workers, batches and handler calls; telemetry
 ``ops/``          the worker process: signals, shutdown, ``--processes N``
 ``cli/``          the ``kinbox`` command, one module per command group
@@ -57,12 +59,14 @@ if TYPE_CHECKING:
         DeadLetter,
         EnvelopeError,
         FatalTransportError,
+        InvalidPayload,
         KinboxError,
         PayloadError,
         Retry,
         SchemaError,
         ServiceError,
         StoreError,
+        TransactionControlError,
         TransportError,
     )
     from kinbox.event import Event
@@ -75,6 +79,7 @@ __all__ = [
     "EnvelopeError",
     "Event",
     "FatalTransportError",
+    "InvalidPayload",
     "KinboxError",
     "Middleware",
     "PayloadError",
@@ -85,6 +90,7 @@ __all__ = [
     "ServiceError",
     "Settings",
     "StoreError",
+    "TransactionControlError",
     "TransportError",
     "default_app",
     "handler",
@@ -98,6 +104,7 @@ _SOURCES = {
     "EnvelopeError": "kinbox.errors",
     "Event": "kinbox.event",
     "FatalTransportError": "kinbox.errors",
+    "InvalidPayload": "kinbox.errors",
     "KinboxError": "kinbox.errors",
     "Middleware": "kinbox.middleware.base",
     "PayloadError": "kinbox.errors",
@@ -108,6 +115,7 @@ _SOURCES = {
     "ServiceError": "kinbox.errors",
     "Settings": "kinbox.config",
     "StoreError": "kinbox.errors",
+    "TransactionControlError": "kinbox.errors",
     "TransportError": "kinbox.errors",
     "default_app": "kinbox.app",
     "handler": "kinbox.app",

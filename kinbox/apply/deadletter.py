@@ -10,7 +10,9 @@ came from and why it was given up:
 ``kinbox.dlq.offset``      original offset
 ``kinbox.dlq.consumer``    the consumer group that gave it up
 ``kinbox.dlq.reason``      ``handler-error``, ``retries-exhausted``,
-                           ``invalid-id`` or ``dead-letter-requested: <why>``
+                           ``invalid-id``, ``payload`` (it does not decode into
+                           the handler's type; never retried) or
+                           ``dead-letter-requested: <why>``
 ``kinbox.dlq.error.type``  exception class
 ``kinbox.dlq.error.message`` exception text, at most 1000 bytes
 ``kinbox.dlq.attempts``    handler tries made
@@ -46,6 +48,8 @@ MAX_MESSAGE_BYTES = 1000
 HANDLER_ERROR = "handler-error"
 RETRIES_EXHAUSTED = "retries-exhausted"
 INVALID_ID = "invalid-id"
+PAYLOAD = "payload"
+"""The payload does not decode into the handler's type (:class:`~kinbox.errors.InvalidPayload`)."""
 REQUESTED = "dead-letter-requested"
 
 

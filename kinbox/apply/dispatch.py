@@ -10,7 +10,9 @@ when every event had a savepoint:
   as a whole and the try is not counted;
 - a failure to retry (not the event's last try): the partition stops at the
   event (:class:`HandlerFailed`) and the events before it are applied again;
-- a permanent failure (:class:`~kinbox.errors.DeadLetter`, or the last try):
+- a permanent failure (:class:`~kinbox.errors.DeadLetter`, a payload that
+  does not decode into the handler's type (:class:`~kinbox.errors.InvalidPayload`),
+  or the last try):
   the :class:`Verdict` is kept and the transaction redone *carefully*, with a
   savepoint per event, so the event is dead-lettered without its handler
   running again and a later poison event is isolated on its own.
@@ -51,7 +53,7 @@ from kinbox.apply.outcome import Verdict
 from kinbox.apply.route import Route
 from kinbox.consume.envelope import Record
 from kinbox.describe import text
-from kinbox.errors import DeadLetter, Retry
+from kinbox.errors import DeadLetter, InvalidPayload, Retry
 from kinbox.event import Event
 from kinbox.middleware.base import Chain
 from kinbox.store.base import InboxTransaction
@@ -133,6 +135,9 @@ class Dispatcher:
         Raises:
             StoreError: ``exc`` comes from a database outage (re-raised as such).
         """
+        if isinstance(exc, InvalidPayload):
+            # The bytes will not change: never worth another try.
+            return deadletter.PAYLOAD
         if isinstance(exc, DeadLetter):
             return f"{deadletter.REQUESTED}: {text(exc.reason, 500)}"
         outage = tx.outage(exc)

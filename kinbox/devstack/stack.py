@@ -5,7 +5,8 @@ Each half is either started here (a :class:`KafkaBroker`, a
 existing services: ``KINBOX_TEST_BOOTSTRAP`` for Kafka, ``KINBOX_TEST_DATABASE_URL``
 for PostgreSQL. With ``cdc=True`` a Kafka Connect worker with Debezium's
 PostgreSQL connector (:class:`KafkaConnect`) joins them; it always runs here,
-against whichever broker the stack uses.
+against whichever broker the stack uses. With ``schema_registry=True`` a schema
+registry with Confluent's API (Apicurio Registry, :class:`SchemaRegistry`) runs too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from kinbox.devstack.connect import KafkaConnect
 from kinbox.devstack.kafka import KafkaBroker
 from kinbox.devstack.postgres import PostgresServer
+from kinbox.devstack.registry import SchemaRegistry, start_registry
 
 EXTERNAL_KAFKA_ENV = "KINBOX_TEST_BOOTSTRAP"
 EXTERNAL_DATABASE_ENV = "KINBOX_TEST_DATABASE_URL"
@@ -32,11 +34,17 @@ class Stack:
     kafka: KafkaBroker | None
     postgres: PostgresServer | None
     connect: KafkaConnect | None = None
+    registry: SchemaRegistry | None = None
 
     @property
     def connect_url(self) -> str:
         """Kafka Connect's REST address (empty unless started with ``cdc=True``)."""
         return self.connect.rest_url if self.connect is not None else ""
+
+    @property
+    def schema_registry_url(self) -> str:
+        """The schema registry's Confluent API (empty unless started with ``schema_registry``)."""
+        return self.registry.url if self.registry is not None else ""
 
     def describe(self) -> str:
         """One line per service: what runs, which version, where."""
@@ -60,12 +68,21 @@ class Stack:
                 f"Kafka Connect {self.connect.version} (distributed, pid {self.connect.pid}) with "
                 f"Debezium {self.connect.debezium_version} at {self.connect.rest_url}"
             )
+        if self.registry is not None:
+            lines.append(
+                f"Apicurio Registry {self.registry.version} (pid {self.registry.pid}), "
+                f"Confluent API at {self.registry.url}"
+            )
         return "\n".join(lines)
 
 
 @contextmanager
 def local_stack(
-    *, fsync: bool = False, use_external: bool = True, cdc: bool = False
+    *,
+    fsync: bool = False,
+    use_external: bool = True,
+    cdc: bool = False,
+    schema_registry: bool = False,
 ) -> Iterator[Stack]:
     """Start (or find) Kafka and PostgreSQL; stop what was started on exit, even on errors.
 
@@ -73,6 +90,7 @@ def local_stack(
         fsync: durable PostgreSQL commits (benchmarks want this; tests do not).
         use_external: honour ``KINBOX_TEST_BOOTSTRAP`` / ``KINBOX_TEST_DATABASE_URL``.
         cdc: also start Kafka Connect with Debezium (stopped first on exit).
+        schema_registry: also start a schema registry (Apicurio, Confluent's API).
     """
     external_kafka = os.environ.get(EXTERNAL_KAFKA_ENV) if use_external else None
     external_db = os.environ.get(EXTERNAL_DATABASE_ENV) if use_external else None
@@ -92,12 +110,16 @@ def local_stack(
         if cdc:
             connect = start_connect(bootstrap_servers)
             cleanup.callback(connect.close)  # callbacks run in reverse: Connect goes first
+        registry = start_registry() if schema_registry else None
+        if registry is not None:
+            cleanup.callback(registry.close)
         yield Stack(
             bootstrap_servers=bootstrap_servers,
             database_url=external_db or (postgres.url if postgres else ""),
             kafka=kafka,
             postgres=postgres,
             connect=connect,
+            registry=registry,
         )
 
 
