@@ -21,12 +21,15 @@ The layout follows a record through the worker::
 ``failpoints``    crash points for the fault tests, one grammar (shared)
 ``lazy``          names that load on first use, for ``__init__`` files (shared)
 ``describe``      exceptions and values as safe, bounded text
+``cause``         which inbox event a handler works for, read by ``enqueue`` (shared)
+``traceparent``   the W3C trace id of a record, stored by the claim
 ``consume/``      the poll loop, up to a partition batch: driver-free
 ``apply/``        one partition batch in one transaction: driver-free
 ``store/``        the inbox store seam and PostgreSQL behind it
 ``kafka/``        the Kafka seam and confluent-kafka behind it
 ``middleware/``   layers around workers, batches and handler calls; telemetry
-``ops/``          the worker process: signals, shutdown, ``--processes N``
+``ops/``          the worker process: signals, shutdown, ``--processes N``;
+                  health endpoints, status, explain, retention guards, logs
 ``cli/``          the ``kinbox`` command, one module per command group
 ``testing/``      fakes of the seams, for users' tests and ours
 ``devstack/``     the local Kafka + PostgreSQL (+ Connect) launcher
@@ -50,6 +53,7 @@ from kinbox.lazy import exports as _exports
 if TYPE_CHECKING:
     from kinbox.app import App, default_app, handler
     from kinbox.apply.route import Route
+    from kinbox.cause import caused_by
     from kinbox.config import Settings
     from kinbox.consume.envelope import Record
     from kinbox.errors import (
@@ -86,6 +90,7 @@ __all__ = [
     "Settings",
     "StoreError",
     "TransportError",
+    "caused_by",
     "default_app",
     "handler",
 ]
@@ -109,6 +114,7 @@ _SOURCES = {
     "Settings": "kinbox.config",
     "StoreError": "kinbox.errors",
     "TransportError": "kinbox.errors",
+    "caused_by": "kinbox.cause",
     "default_app": "kinbox.app",
     "handler": "kinbox.app",
 }
