@@ -3,7 +3,8 @@
 Exit codes tell a supervisor what went wrong without parsing logs:
 2 configuration, 3 import, 4 connection, 5 schema not migrated, 6 stopped on a
 record without a valid event id (``missing_id=fail``), 7 the Kafka consumer
-failed fatally (see :mod:`kinbox.cli.support`); ``--processes N`` is run by
+failed fatally, 8 ``status`` crossed a threshold or ``inbox cleanup`` refused to
+delete inside the dedup window (see :mod:`kinbox.cli.support`); ``--processes N`` is run by
 :mod:`kinbox.ops.supervisor`.
 """
 
@@ -23,6 +24,7 @@ from kinbox.cli.support import (
     EXIT_FATAL,
     EXIT_IMPORT,
     EXIT_SCHEMA,
+    EXIT_THRESHOLD,
     configure_logging,
     resolve_target,
 )
@@ -40,6 +42,7 @@ __all__ = [
     "EXIT_FATAL",
     "EXIT_IMPORT",
     "EXIT_SCHEMA",
+    "EXIT_THRESHOLD",
     "main",
 ]
 
@@ -163,15 +166,19 @@ def migrate(database_url: str | None, schema: str | None, print_sql: bool) -> No
 
 # Both ship in this distribution; imported last so `kinbox --help` lists them.
 from kinbox.bench.command import bench  # noqa: E402
+from kinbox.cli.explain import explain_command  # noqa: E402
 from kinbox.cli.ops import dlq, inbox  # noqa: E402
+from kinbox.cli.status import status  # noqa: E402
 from kinbox.devstack.command import dev  # noqa: E402
 from producer_outbox.cli import outbox  # noqa: E402
 
 main.add_command(bench)
 main.add_command(dev)
 main.add_command(dlq)
+main.add_command(explain_command)
 main.add_command(inbox)
 main.add_command(outbox)
+main.add_command(status)
 
 
 if __name__ == "__main__":

@@ -3,32 +3,14 @@
 from __future__ import annotations
 
 import os
-import re
-from datetime import timedelta
 from typing import Any
 
 import click
 
 from kinbox.apply import deadletter
-from kinbox.cli.support import EXIT_CONFIG, die, guard, parse_kafka_overrides
+from kinbox.cli.support import EXIT_CONFIG, die, guard, parse_duration, parse_kafka_overrides
 from kinbox.config import Settings
 from kinbox.names import topic_name
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-
-
-def parse_duration(text: str) -> timedelta:
-    """Parse ``14d``, ``36h``, ``90m`` or ``30s``.
-
-    Raises:
-        click.BadParameter: any other form.
-    """
-    found = _DURATION.fullmatch(text.strip())
-    if not found:
-        raise click.BadParameter(f"{text!r}: use a number and s, m, h or d, e.g. 14d")
-    number, unit = found.groups()
-    return timedelta(**{_UNITS[unit]: float(number)})
 
 
 @click.group()
