@@ -57,11 +57,19 @@ log = logging.getLogger("kinbox.cli")
     show_default=True,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
+@click.option(
+    "--log-format",
+    default="text",
+    envvar="KINBOX_LOG_FORMAT",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="json: one object a line, with topic/partition/offset/event_id where there is one.",
+)
 @click.pass_context
-def main(ctx: click.Context, log_level: str) -> None:
+def main(ctx: click.Context, log_level: str, log_format: str) -> None:
     """Exactly-once database effects for Kafka consumers on PostgreSQL."""
-    ctx.obj = {"log_level": log_level.upper()}
-    configure_logging(log_level.upper())
+    ctx.obj = {"log_level": log_level.upper(), "log_format": log_format}
+    configure_logging(log_level.upper(), log_format)
 
 
 @main.command()
@@ -99,6 +107,18 @@ def main(ctx: click.Context, log_level: str) -> None:
     "duplicates), or fail (stop the worker) [KINBOX_MISSING_ID].",
 )
 @click.option(
+    "--health-port",
+    type=click.IntRange(0, 65535),
+    help="Serve /livez and /readyz on this port (0: off, the default; with --processes N, "
+    "member i uses port + i) [KINBOX_HEALTH_PORT].",
+)
+@click.option(
+    "--live-timeout",
+    type=float,
+    help="Seconds without a poll before /livez fails (default: max.poll.interval.ms) "
+    "[KINBOX_LIVE_TIMEOUT].",
+)
+@click.option(
     "-X",
     "kafka",
     multiple=True,
@@ -119,7 +139,7 @@ def worker(ctx: click.Context, /, target: str, processes: int, kafka: tuple[str,
         return
     from kinbox.ops.supervisor import supervise
 
-    sys.exit(supervise(target, flags, processes, ctx.obj["log_level"]))
+    sys.exit(supervise(target, flags, processes, ctx.obj["log_level"], ctx.obj["log_format"]))
 
 
 def _run(app: Any, settings: Settings) -> None:

@@ -11,7 +11,6 @@ window.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import sys
@@ -110,13 +109,11 @@ def parse_kafka_overrides(values: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def configure_logging(level: str) -> None:
-    """Log to stderr at ``level``, each line naming the process (members of one worker differ)."""
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s %(levelname)s [{os.getpid()}] %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def configure_logging(level: str, fmt: str = "text") -> None:
+    """Log to stderr at ``level`` in ``fmt`` (text or json; see :mod:`kinbox.ops.logs`)."""
+    from kinbox.ops.logs import configure
+
+    configure(level, fmt)
 
 
 def resolve_target(target: str, flags: Mapping[str, Any]) -> tuple[App, Settings]:
