@@ -16,6 +16,7 @@ from producer_outbox.cli_support import connect, database_option, parse_override
 from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import KafkaPublisher, producer_config
 from producer_outbox.relay import Relay
+from producer_outbox.retention import broker_retention
 
 log = logging.getLogger("producer_outbox")
 
@@ -102,7 +103,9 @@ def relay(
     publisher = KafkaPublisher(kafka_config)
     health = Health(live_timeout, "lanes", database=lambda: ping(database_url))
     server = HealthServer(health, health_port).start() if health_port else None
-    runner = Relay(config, publisher, observer=health)
+    runner = Relay(
+        config, publisher, observer=health, topic_retention=broker_retention(kafka_config)
+    )
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: finishing the current batch, then stopping", signum)

@@ -5,8 +5,9 @@ defaults, as for the worker. Passwords never reach the output: URLs are
 printed with the password masked, ``-X`` secrets are never printed.
 
 Exit codes: 0 ok, 2 bad usage or configuration, 3 cannot connect (PostgreSQL,
-or Kafka Connect for ``--register``), 4 schema missing or too old, 5 ``status``
-crossed a warning threshold, 1 anything else.
+or Kafka, or Kafka Connect for ``--register``), 4 schema missing or too old,
+5 ``status`` crossed a warning threshold or ``cleanup`` refused to delete rows
+whose records their topic still keeps, 1 anything else.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ RET_CONFIG = 2
 RET_CONNECT = 3
 RET_SCHEMA = 4
 RET_WARNING = 5
-"""``status``: a threshold was crossed (a replication slot holds back too much WAL)."""
+"""``status``: a threshold was crossed (a replication slot holds back too much WAL);
+``cleanup``: refused below the topics' retention."""
 
 _URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*(@)")
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)

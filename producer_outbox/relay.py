@@ -5,7 +5,8 @@ One loop, one thread::
     wake (NOTIFY from a committing writer, or the poll interval as fallback)
     ──► upkeep tasks that are due (:mod:`.schedule`):
           balance lanes, every min(1 s, poll interval) (advisory locks, :mod:`.lanes`)
-          delete old sent rows, every ``cleanup_interval`` (:mod:`.cleanup`)
+          delete old sent rows, every ``cleanup_interval`` (:mod:`.cleanup`),
+          never while their topic still keeps their records (:mod:`.retention`)
     ──► per owned lane, one transaction per batch:
           claim rows FOR UPDATE SKIP LOCKED (:mod:`.claim`) ──► publish all, await
           every delivery report (:mod:`.publisher`) ──► mark acked rows sent, failed
@@ -86,6 +87,7 @@ from producer_outbox.config import RelayConfig
 from producer_outbox.lanes import LaneOwner
 from producer_outbox.publisher import Publisher
 from producer_outbox.records import to_record
+from producer_outbox.retention import TopicRetention, floor
 from producer_outbox.schedule import Scheduler
 from producer_outbox.schema import notify_channel
 
@@ -126,8 +128,11 @@ class Relay:
         *,
         connect: Callable[[], Connection] | None = None,
         observer: RelayObserver | None = None,
+        topic_retention: TopicRetention | None = None,
     ) -> None:
         self.config = config.validate()
+        # With it, sent rows outlive their records on the broker (:mod:`.retention`).
+        self._topic_retention = topic_retention
         self._observer: RelayObserver = observer or _Unobserved()
         self._publisher = publisher
         self._connect = connect or (lambda: psycopg.connect(config.database_url, autocommit=True))
@@ -266,11 +271,24 @@ class Relay:
                 log.info("outbox topic %r accepts records again", topic, extra={"topic": topic})
 
     def _cleanup(self, conn: Connection) -> None:
-        """Upkeep: delete sent rows older than the retention, in bounded batches."""
+        """Upkeep: delete sent rows older than the retention, in bounded batches.
+
+        With the broker's topic retention at hand, never rows whose records
+        the topic still keeps (:mod:`.retention`); a broker that does not
+        answer fails the task, which deletes nothing and runs again later.
+        """
+        retention = self.config.retention
+        if self._topic_retention is not None:
+            kept = floor(conn, self.config.schema, retention, self._topic_retention)
+            if kept.keep > retention or kept.forever:
+                level = logging.WARNING if kept.keep > retention else logging.INFO
+                log.log(level, "outbox cleanup: %s", kept.explain(retention),
+                        extra={"topic": kept.topic})  # fmt: skip
+            retention = kept.keep
         deleted = delete_sent(
             conn,
             self.config.schema,
-            retention=self.config.retention,
+            retention=retention,
             batch=self.config.cleanup_batch,
             should_stop=self._cleanup_should_stop,
         )
