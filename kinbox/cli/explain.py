@@ -58,10 +58,10 @@ def render(found: Explanation) -> str:
     if not found.outbox:
         lines.append("  outbox: none in this schema")
     elif found.enqueued:
-        lines.append("  its transaction enqueued:")
+        lines.append("  enqueued in the transaction that handled it:")
         lines += ["    " + _entry(row, found.event_id) for row in found.enqueued]
     else:
-        lines.append("  its transaction enqueued nothing in this schema's outbox")
+        lines.append("  enqueued nothing in this schema's outbox while handled")
     if not found.found:
         lines.append("  not found")
     return "\n".join(lines)

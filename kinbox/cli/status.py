@@ -132,7 +132,7 @@ def _group(group: GroupStatus, window: str, seconds: float) -> list[str]:
     lines = [f"group {g.group_id}  ({g.state}, {len(g.members)} member(s))"]
     for m in g.members:
         parts = ", ".join(f"{t}[{p}]" for t, p in m.partitions) or "no partitions"
-        lines.append(f"  member {m.client_id}@{m.host.lstrip('/')} {m.member_id[-12:]}: {parts}")
+        lines.append(f"  member {_short(m.member_id)} {m.client_id}@{m.host.lstrip('/')}: {parts}")
     table = [("topic", "partition", "committed", "end", "lag", "oldest unprocessed", "owner")]
     for p in group.lag.partitions:
         age = p.age(group.lag.read_at_ms)
@@ -144,7 +144,7 @@ def _group(group: GroupStatus, window: str, seconds: float) -> list[str]:
                 str(p.end),
                 f"{p.lag:,}",
                 "-" if age is None else ago(age),
-                p.owner or "-",
+                "-" if p.owner is None else _short(p.owner),
             )
         )
     if len(table) > 1:
@@ -167,6 +167,11 @@ def _group(group: GroupStatus, window: str, seconds: float) -> list[str]:
         + (f", skipped {skipped.rows:,}" if skipped else "")
     )
     return lines
+
+
+def _short(member_id: str) -> str:
+    """The tail of a member id: unique enough to tell the members of one group apart."""
+    return member_id[-8:]
 
 
 _UNITS = (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1))

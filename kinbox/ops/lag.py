@@ -30,7 +30,7 @@ class PartitionLag:
     first: int
     end: int
     owner: str | None
-    """The member (client id @ host) it is assigned to, or ``None``."""
+    """The member id of the member it is assigned to, or ``None``."""
     oldest_unprocessed_ms: int | None = None
     """Timestamp of the first record not processed yet; ``None`` when none waits."""
 
@@ -101,11 +101,7 @@ def read_lag(inspector: Inspector, group_id: str, topics: Iterable[str] = ()) ->
     """
     group = inspector.group(group_id)
     committed = inspector.committed(group_id)
-    owners = {
-        tp: f"{member.client_id}@{member.host.lstrip('/')}"
-        for member in group.members
-        for tp in member.partitions
-    }
+    owners = {tp: member.member_id for member in group.members for tp in member.partitions}
     names = {t for t, _ in committed} | {t for t, _ in owners} | set(topics)
     partitions: list[Partition] = inspector.partitions(names)
     marks = inspector.watermarks(partitions)

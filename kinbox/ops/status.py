@@ -166,7 +166,7 @@ def _group_warnings(lag: GroupLag, limits: Thresholds) -> list[str]:
             out.append(f"{where} is {p.lag} records behind (threshold {limits.max_lag})")
         age = p.age(lag.read_at_ms)
         if age is not None and age > limits.max_age:
-            owner = f"owned by {p.owner}" if p.owner else "NOT ASSIGNED to any member"
+            owner = f"owned by member {p.owner}" if p.owner else "NOT ASSIGNED to any member"
             out.append(
                 f"{where}: the oldest unprocessed record waits for {age:.0f}s "
                 f"(threshold {limits.max_age:.0f}s), {owner}"
