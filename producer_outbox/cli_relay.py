@@ -12,7 +12,13 @@ import click
 from kinbox.ops.health import Health, HealthServer
 from kinbox.ops.logs import configure as configure_logs
 from kinbox.store.probe import ping
-from producer_outbox.cli_support import connect, database_option, parse_overrides, redact
+from producer_outbox.cli_support import (
+    connect,
+    database_option,
+    kafka_options,
+    parse_overrides,
+    redact,
+)
 from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import KafkaPublisher, producer_config
 from producer_outbox.relay import Relay
@@ -23,14 +29,7 @@ log = logging.getLogger("producer_outbox")
 
 @click.command()
 @database_option
-@click.option(
-    "--bootstrap-servers",
-    envvar="KINBOX_BOOTSTRAP_SERVERS",
-    default="localhost:9092",
-    show_default=True,
-    help="Kafka bootstrap servers [env KINBOX_BOOTSTRAP_SERVERS].",
-)
-@click.option("-X", "overrides", multiple=True, help="librdkafka property key=value (repeat).")
+@kafka_options("to publish to")
 @click.option("--lanes", type=int, default=16, show_default=True, help="Same on every relay.")
 @click.option("--batch-size", type=int, default=100, show_default=True)
 @click.option("--poll-interval", type=float, default=1.0, show_default=True, help="Seconds.")

@@ -15,22 +15,15 @@ from producer_outbox.cli_support import (
     RET_WARNING,
     connect,
     database_option,
+    kafka_options,
     parse_overrides,
+    size_option,
 )
 from producer_outbox.parked import requeue as requeue_rows
 from producer_outbox.publisher import producer_config
 from producer_outbox.retention import Floor, broker_retention, floor
-from producer_outbox.slots import DEFAULT_WARN_BYTES, parse_size, read_slots
+from producer_outbox.slots import DEFAULT_WARN_BYTES, read_slots
 from producer_outbox.status import OutboxStatus, read_status
-
-
-def _size_option(_ctx: click.Context, _param: click.Parameter, value: str | int) -> int:
-    if isinstance(value, int):
-        return value
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 @click.command()
@@ -41,7 +34,7 @@ def _size_option(_ctx: click.Context, _param: click.Parameter, value: str | int)
     default=str(DEFAULT_WARN_BYTES),
     show_default=True,
     envvar="KINBOX_SLOT_WARN_BYTES",
-    callback=_size_option,
+    callback=size_option,
     help="Warn (exit 5) when a replication slot holds back more WAL than this "
     "(512MB, 1GiB, ...) [env KINBOX_SLOT_WARN_BYTES].",
 )
@@ -150,14 +143,7 @@ def requeue(
     help="The outbox is published by Debezium: delete rows by age alone (nothing marks "
     "them sent). Run it on a schedule; the relay's own cleanup never runs under CDC.",
 )
-@click.option(
-    "--bootstrap-servers",
-    envvar="KINBOX_BOOTSTRAP_SERVERS",
-    default="localhost:9092",
-    show_default=True,
-    help="Kafka, asked for the topics' retention [env KINBOX_BOOTSTRAP_SERVERS].",
-)
-@click.option("-X", "overrides", multiple=True, help="librdkafka property key=value (repeat).")
+@kafka_options("asked for the topics' retention")
 @click.option(
     "--force",
     is_flag=True,

@@ -13,7 +13,8 @@ whose records their topic still keeps, 1 anything else.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 import psycopg
@@ -22,6 +23,8 @@ from kinbox.errors import ConfigurationError, SchemaError
 from kinbox.names import sql_identifier
 from kinbox.store.migrations import check
 from producer_outbox.schema import OUTBOX
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 RET_ERROR = 1
 RET_CONFIG = 2
@@ -55,6 +58,36 @@ def database_option(function: Any) -> Any:
         required=True,
         help="PostgreSQL URL or conninfo [env KINBOX_DATABASE_URL].",
     )(function)
+
+
+def kafka_options(purpose: str) -> Callable[[F], F]:
+    """``--bootstrap-servers`` (with ``KINBOX_BOOTSTRAP_SERVERS``) and ``-X``, for ``purpose``."""
+
+    def decorate(function: F) -> F:
+        function = click.option(
+            "-X", "overrides", multiple=True, help="librdkafka property key=value (repeat)."
+        )(function)
+        return click.option(
+            "--bootstrap-servers",
+            envvar="KINBOX_BOOTSTRAP_SERVERS",
+            default="localhost:9092",
+            show_default=True,
+            help=f"Kafka bootstrap servers, {purpose} [env KINBOX_BOOTSTRAP_SERVERS].",
+        )(function)
+
+    return decorate
+
+
+def size_option(_ctx: click.Context, _param: click.Parameter, value: str | int) -> int:
+    """Click callback: ``512MB``, ``1GiB``, ``1073741824`` … as bytes."""
+    from producer_outbox.slots import parse_size
+
+    if isinstance(value, int):
+        return value
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def parse_overrides(values: tuple[str, ...]) -> dict[str, str]:

@@ -20,17 +20,8 @@ from kinbox.cli.support import (
     parse_duration,
 )
 from kinbox.ops.status import GroupStatus, StatusReport, Thresholds, gather
-
-
-def _size(_ctx: click.Context, _param: click.Parameter, value: str | int) -> int:
-    from producer_outbox.slots import parse_size
-
-    if isinstance(value, int):
-        return value
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+from producer_outbox.cli_support import size_option
+from producer_outbox.slots import format_size
 
 
 def _duration(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
@@ -53,7 +44,7 @@ def _duration(_ctx: click.Context, _param: click.Parameter, value: str) -> float
     help="Warn when a partition's oldest unprocessed record waits longer.",
 )  # fmt: skip
 @click.option(
-    "--slot-warn-bytes", default="1GiB", show_default=True, callback=_size,
+    "--slot-warn-bytes", default="1GiB", show_default=True, callback=size_option,
     envvar="KINBOX_SLOT_WARN_BYTES", help="Warn when a replication slot holds back more WAL.",
 )  # fmt: skip
 @click.option(
@@ -103,7 +94,9 @@ def render(report: StatusReport, window: str) -> str:
     t = report.table
     rows = "?" if t.rows_estimate is None else f"~{t.rows_estimate:,}"
     oldest = "-" if t.oldest_seconds is None else ago(t.oldest_seconds)
-    lines.append(f"processed_events  {rows} rows, {size(t.total_bytes)}, oldest row {oldest}")
+    lines.append(
+        f"processed_events  {rows} rows, {format_size(t.total_bytes)}, oldest row {oldest}"
+    )
     o = report.outbox
     if o is None:
         lines.append("outbox            not in this schema")
@@ -119,8 +112,8 @@ def render(report: StatusReport, window: str) -> str:
         state = "active" if slot.active else "INACTIVE"
         lines.append(
             f"replication slot  {slot.name} ({slot.plugin}, {state}, wal_status "
-            f"{slot.wal_status}): retains {size(slot.retained_bytes)}, unconfirmed "
-            f"{size(slot.unconfirmed_bytes)}"
+            f"{slot.wal_status}): retains {format_size(slot.retained_bytes)}, unconfirmed "
+            f"{format_size(slot.unconfirmed_bytes)}"
         )
     lines.append("")
     lines.append(f"{len(report.warnings)} warning(s)" if report.warnings else "OK")
@@ -186,13 +179,3 @@ def ago(seconds: float) -> str:
         if whole >= length:
             return f"{whole // length}{unit} {(whole % length) // sublength}{sub}"
     return f"{whole}s"
-
-
-def size(count: int) -> str:
-    """Bytes in binary units: ``512 B``, ``8.0 KiB``, ``1.2 GiB``."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
