@@ -145,3 +145,26 @@ def test_status_warns_of_parked_rows_and_a_slot_holding_wal(
     assert any(w.startswith("outbox: 1 parked row(s) (threshold 0)") for w in warnings)
     assert any(f"replication slot {slot!r} holds back" in w for w in warnings), warnings
     assert status(stack, schema, "--json", "--max-parked", "1").returncode == 0
+
+
+def test_status_describes_a_group_of_the_new_consumer_protocol(
+    stack: Stack, schema: str, db: Conn
+) -> None:
+    # Given a worker in a KIP-848 group (group.protocol=consumer)
+    apply_migrations(stack.database_url, schema, [INBOX, OUTBOX])
+    topic = topic_pair(stack.bootstrap_servers, partitions=2)
+    group = f"g-{topic}"
+    worker = start_worker(stack, topic, group, schema, "-X", "group.protocol=consumer", fast=False)
+    try:
+        produce(stack.bootstrap_servers, topic, [{"n": 1}], partition=1)
+
+        # Then status finds its member holding both partitions, and nothing behind
+        def described() -> bool:
+            answer = status(stack, schema, "--json", "--group", group)
+            found = group_of(json.loads(answer.stdout), group)
+            held = [p for m in found["members"] for p in m["partitions"]]
+            return answer.returncode == 0 and len(held) == 2 and found["lag"] == 0
+
+        wait_for(described, 60, "the member and its partitions")
+    finally:
+        assert stop(worker) == 0
