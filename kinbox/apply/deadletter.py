@@ -178,6 +178,10 @@ def send(publisher: Publisher, letter: Letter, max_bytes: int | None = None) -> 
     log.error(
         "dead-lettering %s[%d]@%d to %r after %d attempt(s): %s",
         r.topic, r.partition, r.offset, letter.target, letter.attempts, letter.summary,
+        extra={
+            "topic": r.topic, "partition": r.partition, "offset": r.offset,
+            "group": letter.consumer, "dlq_topic": letter.target, "reason": letter.reason,
+        },
     )  # fmt: skip
     publisher.send(letter.target, r.key, r.value, headers(letter, max_bytes=max_bytes))
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from kinbox import cause
 from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
 from kinbox.apply.outcome import Verdict
@@ -69,7 +70,8 @@ class Dispatcher:
     """
 
     def __init__(self, consumer: str, max_attempts: int, chain: Chain | None = None) -> None:
-        self._consumer = consumer
+        self.consumer = consumer
+        """The consumer group: written into dead letters, and the cause of enqueued rows."""
         self._max_attempts = max_attempts
         self.chain = chain or Chain(())
         """The middleware around each call."""
@@ -120,7 +122,7 @@ class Dispatcher:
         """The dead letter of ``event``, given up for ``reason``."""
         attempts = 0 if reason == deadletter.INVALID_ID else event.attempt
         return Letter(
-            records[event.offset], route.dlq_topic, self._consumer, reason, error, attempts
+            records[event.offset], route.dlq_topic, self.consumer, reason, error, attempts
         )
 
     def limit(self, route: Route) -> int:
@@ -183,10 +185,17 @@ class _Calls:
             self._dispatcher.letter(self._route, self._records, event, reason, error)
         )
 
+    # The cause is set here, around the middleware too, so whatever a layer
+    # or the handler enqueues is linked to the event (a ContextVar: no I/O).
     def around_event(self, event: Event, call: Callable[[Event], object]) -> object:
-        return self._dispatcher.chain.around_event(event, call)
+        with cause.handling(self._dispatcher.consumer, event.id):
+            return self._dispatcher.chain.around_event(event, call)
 
     def around_events(
         self, events: Sequence[Event], call: Callable[[Sequence[Event]], object]
     ) -> object:
-        return self._dispatcher.chain.around_events(events, call)
+        # Which event of several a row belongs to only the handler knows
+        # (kinbox.cause.caused_by); one event is unambiguous.
+        single = events[0].id if len(events) == 1 else None
+        with cause.handling(self._dispatcher.consumer, single):
+            return self._dispatcher.chain.around_events(events, call)
