@@ -85,6 +85,10 @@ class Settings:
     missing_id: str = "dead-letter"
     breaker_failures: int = 10
     breaker_pause: float = 30.0
+    health_port: int = 0
+    """Port of ``/livez`` and ``/readyz`` (:mod:`kinbox.ops.health`); 0: no endpoints."""
+    live_timeout: float = 0.0
+    """Seconds without a poll before ``/livez`` fails; 0: ``effective_max_poll_interval``."""
     kafka_overrides: Mapping[str, str] = field(default_factory=dict)
 
     def validate(self) -> Settings:
@@ -130,6 +134,10 @@ class Settings:
             _bad("breaker_pause", self.breaker_pause, "a positive number of seconds")
         if self.missing_id not in MISSING_ID_POLICIES:
             _bad("missing_id", self.missing_id, " | ".join(MISSING_ID_POLICIES))
+        if not 0 <= self.health_port <= 65535:
+            _bad("health_port", self.health_port, "0 (off) or a TCP port 1..65535")
+        if not self.live_timeout >= 0:
+            _bad("live_timeout", self.live_timeout, "0 (max_poll_interval) or seconds > 0")
         if self.pool_size < 1:
             _bad("pool_size", self.pool_size, "1 or more")
         for key in self.kafka_overrides:
@@ -159,6 +167,11 @@ class Settings:
         millis = _milliseconds(self.kafka_overrides.get(key))
         return setting if millis is None else millis / 1000
 
+    @property
+    def effective_live_timeout(self) -> float:
+        """Seconds without a poll before ``/livez`` fails (default: the poll interval allowed)."""
+        return self.live_timeout or self.effective_max_poll_interval
+
     def for_member(self, index: int) -> Settings:
         """The settings of member ``index`` of a ``--processes N`` worker.
 
@@ -166,12 +179,18 @@ class Settings:
         as it is, every one but the last to join would be fenced. Each member
         gets ``<id>-<index>`` instead, the same on every restart, so static
         membership keeps working (a restarted member takes its place back).
+        Health endpoints, one port each, are on ``health_port + index``.
         """
+        changes: dict[str, Any] = {}
+        if self.health_port:
+            changes["health_port"] = self.health_port + index
         instance = self.kafka_overrides.get("group.instance.id")
-        if not instance:
-            return self
-        overrides = {**self.kafka_overrides, "group.instance.id": f"{instance}-{index}"}
-        return dataclasses.replace(self, kafka_overrides=overrides)
+        if instance:
+            changes["kafka_overrides"] = {
+                **self.kafka_overrides,
+                "group.instance.id": f"{instance}-{index}",
+            }
+        return dataclasses.replace(self, **changes) if changes else self
 
     def redacted(self) -> dict[str, Any]:
         """Return the settings as a dict that is safe to log: secrets are masked."""

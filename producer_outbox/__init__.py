@@ -22,6 +22,8 @@ The modules, along the flow of a row:
 ``schedule``      the relay's upkeep as tasks: lane balancing, ``cleanup``
 ``parked``        parked rows block their key until requeued
 ``status``        :func:`read_status`, for ``kinbox outbox status``
+``links``         the outbox rows around one event, for ``kinbox explain``
+``retention``     sent rows outlive their records on the broker (cleanup's floor)
 ``debezium``      the outbox through Debezium instead (CDC); ``slots`` the
                   WAL its slot holds; ``connect_api``, ``connect_plugin``
 ``cli*``          the ``kinbox outbox`` commands

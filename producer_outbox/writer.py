@@ -19,10 +19,23 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from kinbox.cause import current as current_cause
 from kinbox.errors import ConfigurationError, PayloadError, StoreError
 from kinbox.names import sql_identifier, topic_name
 from producer_outbox.debezium import CDC_CONSTRAINT
 from producer_outbox.schema import notify_channel
+
+# One statement, so even an autocommit caller gets the row and the
+# notification atomically.
+_INSERT = (
+    "WITH row AS ("
+    " INSERT INTO {}.outbox"
+    " (id, topic, aggregatetype, aggregateid, type, payload, payload_bytes, headers{})"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s{}) RETURNING id)"
+    " SELECT row.id, pg_notify(%s, '') FROM row"
+)
+_CAUSE_COLUMNS = sql.SQL(", caused_by_consumer, caused_by_event_id")
+_CAUSE_VALUES = sql.SQL(", %s, %s")
 
 #: Header names the relay sets itself; a stored header may not shadow them.
 RESERVED_HEADERS = frozenset({"event-id", "ce_id", "ce_type", "ce_source", "ce_specversion"})
@@ -76,6 +89,30 @@ def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     return checked
 
 
+# (host, port, database, schema) -> whether its outbox has the cause columns.
+_CAUSE_COLUMNS_FOUND: dict[tuple[str, int, str, str], bool] = {}
+
+
+def _links_cause(conn: psycopg.Connection[Any] | psycopg.Cursor[Any], schema: str) -> bool:
+    """Whether the outbox in ``schema`` has the cause columns (asked once per process).
+
+    The link is bookkeeping and must never fail an enqueue: an outbox not yet
+    migrated to version 3 (in a schema ``kinbox migrate`` has not reached)
+    simply records no cause.
+    """
+    info = conn.connection.info if isinstance(conn, psycopg.Cursor) else conn.info
+    where = (info.host, info.port, info.dbname, schema)
+    found = _CAUSE_COLUMNS_FOUND.get(where)
+    if found is None:
+        row = conn.execute(
+            "SELECT count(*) = 2 FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attname IN ('caused_by_consumer', 'caused_by_event_id') AND NOT attisdropped",
+            (f"{sql_identifier(schema, setting='schema')}.outbox",),
+        ).fetchone()
+        found = _CAUSE_COLUMNS_FOUND[where] = bool(row and row[0])
+    return found
+
+
 def enqueue(
     conn: psycopg.Connection[Any] | psycopg.Cursor[Any],
     topic: str,
@@ -90,7 +127,11 @@ def enqueue(
     """Add an event to the outbox in the transaction of ``conn``; return its event id.
 
     Nothing is published before the caller commits; a rollback discards the
-    event. Rows of one ``key`` go to one partition, in ``(txid, seq)`` order:
+    event. Called from a kinbox handler, the row also records which inbox
+    event it was enqueued for (``caused_by_consumer``, ``caused_by_event_id``;
+    see :mod:`kinbox.cause`), which ``kinbox explain`` shows.
+
+    Rows of one ``key`` go to one partition, in ``(txid, seq)`` order:
     one transaction's in the order it enqueued them; across transactions, in
     the order they got their transaction ids (their first write), which is
     commit order when writers of the key take ``SELECT … FOR UPDATE`` on the
@@ -129,16 +170,7 @@ def enqueue(
     event_id = event_id if event_id is not None else uuid.uuid4()
     if not isinstance(event_id, uuid.UUID):
         raise ConfigurationError(f"outbox event_id={event_id!r}: must be a uuid.UUID")
-    # One statement, so even an autocommit caller gets the row and the
-    # notification atomically.
-    statement = sql.SQL(
-        "WITH row AS ("
-        " INSERT INTO {}.outbox"
-        " (id, topic, aggregatetype, aggregateid, type, payload, payload_bytes, headers)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id)"
-        " SELECT row.id, pg_notify(%s, '') FROM row"
-    ).format(schema_id)
-    params = (
+    params: tuple[Any, ...] = (
         event_id,
         topic,
         topic,
@@ -147,8 +179,16 @@ def enqueue(
         json_payload,
         raw_payload,
         Jsonb(stored_headers),
-        notify_channel(schema),
     )
+    # Inside a kinbox handler: which inbox event this row is for. Only then
+    # are the cause columns named, so a plain producer's INSERT is unchanged.
+    cause = current_cause()
+    if cause is None or not _links_cause(conn, schema):
+        statement = sql.SQL(_INSERT).format(schema_id, sql.SQL(""), sql.SQL(""))
+    else:
+        statement = sql.SQL(_INSERT).format(schema_id, _CAUSE_COLUMNS, _CAUSE_VALUES)
+        params += (cause.consumer, cause.event_id)
+    params += (notify_channel(schema),)
     try:
         conn.execute(statement, params)
     except psycopg.errors.CheckViolation as exc:

@@ -183,6 +183,8 @@ class Settlement:
                         "%s of %s[%d]@%d..%d refused (%s): narrowing it down",
                         exc.where, part[0].topic, part[0].partition, part[0].offset,
                         part[-1].offset, exc.error,
+                        extra={"topic": part[0].topic, "partition": part[0].partition,
+                               "offset": part[0].offset},
                     )  # fmt: skip
                     suspect, end = self._start + len(part), self._start + len(part) // 2
                     continue
@@ -237,6 +239,7 @@ class Settlement:
             log.error(
                 "COMMIT of %s[%d]@%d (event %r) refused on its last try (%d): dead-lettering it",
                 event.topic, event.partition, event.offset, event.id, event.attempt,
+                extra=_position(event),
             )  # fmt: skip
             plan.verdicts[event.offset] = Verdict(deadletter.HANDLER_ERROR, exc.error)
             return None
@@ -246,6 +249,7 @@ class Settlement:
             "%s of %s[%d]@%d refused with nothing of the event left to blame: "
             "the database is at fault, the partition waits",
             exc.where, event.topic, event.partition, event.offset,
+            extra=_position(event),
         )  # fmt: skip
         return "wait"
 
@@ -262,7 +266,12 @@ class Settlement:
                 record.topic, record.partition, record.offset, event.attempt, envelope,
                 record=record,
             )  # fmt: skip
-        log.warning("%s; keyed on its position instead (missing_id=%s)", envelope, self._missing_id)
+        log.warning(
+            "%s; keyed on its position instead (missing_id=%s)",
+            envelope,
+            self._missing_id,
+            extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
+        )
         self._events[self._start] = derived_event(record, event.attempt)
         if self._missing_id == "dead-letter":
             self._plan.invalid[event.offset] = envelope
@@ -286,3 +295,13 @@ class Settlement:
             done, self._stopped, self._applied, self._duplicates, len(self._letters),
             tuple(self._letters),
         )  # fmt: skip
+
+
+def _position(event: Event) -> dict[str, object]:
+    """The ``extra=`` of a log line about ``event`` (``--log-format json`` fields)."""
+    return {
+        "topic": event.topic,
+        "partition": event.partition,
+        "offset": event.offset,
+        "event_id": event.id,
+    }

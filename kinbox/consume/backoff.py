@@ -113,6 +113,12 @@ class Backoff:
             describe(failure.error),
             delay,
             exc_info=failure.error if failure.kind == "handler" and failure.attempt == 1 else None,
+            extra={
+                "topic": failure.topic,
+                "partition": failure.partition,
+                "offset": failure.offset,
+                "event_id": None if failure.event is None else failure.event.id,
+            },
         )
 
     def resume_due(self) -> None:

@@ -7,7 +7,8 @@ for PostgreSQL. With ``brokers=3`` Kafka is a cluster of three KRaft nodes
 (:class:`KafkaCluster`: replication factor 3, ``min.insync.replicas=2``)
 instead of the single node. With ``cdc=True`` a Kafka Connect worker with Debezium's
 PostgreSQL connector (:class:`KafkaConnect`) joins them; it always runs here,
-against whichever broker the stack uses.
+against whichever broker the stack uses. With ``schema_registry=True`` a schema
+registry with Confluent's API (Apicurio Registry, :class:`SchemaRegistry`) runs too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kinbox.devstack.cluster import KafkaCluster
 from kinbox.devstack.connect import KafkaConnect
 from kinbox.devstack.kafka import KafkaBroker
 from kinbox.devstack.postgres import PostgresServer
+from kinbox.devstack.registry import SchemaRegistry, start_registry
 
 EXTERNAL_KAFKA_ENV = "KINBOX_TEST_BOOTSTRAP"
 EXTERNAL_DATABASE_ENV = "KINBOX_TEST_DATABASE_URL"
@@ -35,6 +37,7 @@ class Stack:
     kafka: KafkaBroker | None
     postgres: PostgresServer | None
     connect: KafkaConnect | None = None
+    registry: SchemaRegistry | None = None
     cluster: KafkaCluster | None = None
     """The Kafka nodes when the stack runs more than one (``kafka`` is then ``None``)."""
 
@@ -42,6 +45,11 @@ class Stack:
     def connect_url(self) -> str:
         """Kafka Connect's REST address (empty unless started with ``cdc=True``)."""
         return self.connect.rest_url if self.connect is not None else ""
+
+    @property
+    def schema_registry_url(self) -> str:
+        """The schema registry's Confluent API (empty unless started with ``schema_registry``)."""
+        return self.registry.url if self.registry is not None else ""
 
     def describe(self) -> str:
         """One line per service: what runs, which version, where."""
@@ -71,12 +79,22 @@ class Stack:
                 f"Kafka Connect {self.connect.version} (distributed, pid {self.connect.pid}) with "
                 f"Debezium {self.connect.debezium_version} at {self.connect.rest_url}"
             )
+        if self.registry is not None:
+            lines.append(
+                f"Apicurio Registry {self.registry.version} (pid {self.registry.pid}), "
+                f"Confluent API at {self.registry.url}"
+            )
         return "\n".join(lines)
 
 
 @contextmanager
 def local_stack(
-    *, fsync: bool = False, use_external: bool = True, cdc: bool = False, brokers: int = 1
+    *,
+    fsync: bool = False,
+    use_external: bool = True,
+    cdc: bool = False,
+    schema_registry: bool = False,
+    brokers: int = 1,
 ) -> Iterator[Stack]:
     """Start (or find) Kafka and PostgreSQL; stop what was started on exit, even on errors.
 
@@ -84,6 +102,7 @@ def local_stack(
         fsync: durable PostgreSQL commits (benchmarks want this; tests do not).
         use_external: honour ``KINBOX_TEST_BOOTSTRAP`` / ``KINBOX_TEST_DATABASE_URL``.
         cdc: also start Kafka Connect with Debezium (stopped first on exit).
+        schema_registry: also start a schema registry (Apicurio, Confluent's API).
         brokers: Kafka nodes to start: 1 (the default) or a replicated
             :class:`KafkaCluster` of that many.
     """
@@ -111,12 +130,16 @@ def local_stack(
         if cdc:
             connect = start_connect(bootstrap_servers)
             cleanup.callback(connect.close)  # callbacks run in reverse: Connect goes first
+        registry = start_registry() if schema_registry else None
+        if registry is not None:
+            cleanup.callback(registry.close)
         yield Stack(
             bootstrap_servers=bootstrap_servers,
             database_url=external_db or (postgres.url if postgres else ""),
             kafka=kafka,
             postgres=postgres,
             connect=connect,
+            registry=registry,
             cluster=cluster,
         )
 

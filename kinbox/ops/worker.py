@@ -26,7 +26,10 @@ from kinbox.consume.runner import Runner
 from kinbox.errors import ConfigurationError
 from kinbox.kafka import KafkaPublisher, KafkaTransport
 from kinbox.kafka.admin import check_dead_letter_topics
+from kinbox.kafka.base import Transport
+from kinbox.ops.health import Health, HealthServer, ObservedTransport
 from kinbox.store.postgres import PostgresInboxStore
+from kinbox.store.probe import ping
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +111,28 @@ def run(app: App, settings: Settings) -> None:
             publisher.close()
         transport.close()
         raise
-    runner = Runner(app, settings, transport, store, publisher=publisher, dead_letter_limits=limits)
+    health = _serve_health(settings)
+    observed: Transport = transport if health is None else ObservedTransport(transport, health[0])
+    runner = Runner(app, settings, observed, store, publisher=publisher, dead_letter_limits=limits)
     _install_signals(runner, settings.shutdown_timeout)
     log.info("starting with %r", settings)
-    runner.run()
+    try:
+        runner.run()
+    finally:
+        if health is not None:
+            health[1].close()
+
+
+def _serve_health(settings: Settings) -> tuple[Health, HealthServer] | None:
+    """``/livez`` and ``/readyz`` on ``settings.health_port``, if it is set."""
+    if not settings.health_port:
+        return None
+    health = Health(
+        settings.effective_live_timeout,
+        "partitions",
+        database=lambda: ping(settings.database_url),
+    )
+    return health, HealthServer(health, settings.health_port).start()
 
 
 def _install_signals(runner: Runner, timeout: float) -> None:

@@ -145,7 +145,8 @@ def test_only_events_older_than_the_cleanup_window_apply_again(run: Run) -> None
     # When the cleanup removes what is older than 14 days
     cleaned = CliRunner().invoke(
         main, ["inbox", "cleanup", "--older-than", "14d", "--batch-size", "37",
-               "--database-url", run.database_url, "--schema", run.schema],
+               "--database-url", run.database_url, "--schema", run.schema,
+               "--bootstrap-servers", run.bootstrap],
     )  # fmt: skip
     assert cleaned.exit_code == 0, cleaned.output
     assert f"deleted {len(old)} processed_events row(s)" in cleaned.output, cleaned.output

@@ -213,11 +213,15 @@ def test_inbox_cleanup_deletes_old_rows_in_batches(
         f'INSERT INTO {schema}.processed_events (consumer, event_id, topic, partition, "offset")'
         " VALUES ('g', 'new', 't', 0, 99)"
     )
-    args = ["inbox", "cleanup", "--older-than", "14d", "--batch-size", "10"]
+    # Group g is unknown to Kafka, so its dedup window is too: only --force deletes
+    args = ["inbox", "cleanup", "--older-than", "14d", "--batch-size", "10", "--force"]
     result = CliRunner().invoke(
-        main, [*args, "--database-url", stack.database_url, "--schema", schema]
-    )
+        main,
+        [*args, "--database-url", stack.database_url, "--schema", schema,
+         "--bootstrap-servers", stack.bootstrap_servers],
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert "FORCED" in result.output
     assert "deleted 25 processed_events row(s) older than 14d" in result.output
     left = db.execute(f"SELECT event_id FROM {schema}.processed_events").fetchall()
     assert left == [("new",)]

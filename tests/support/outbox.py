@@ -251,6 +251,7 @@ def outbox_command(stack: Stack, schema: str, *args: str) -> subprocess.Complete
         [sys.executable, "-m", "kinbox.cli.main", "outbox", *args,
          "--database-url", stack.database_url, "--schema", schema],
         capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+        env={**os.environ, "KINBOX_BOOTSTRAP_SERVERS": stack.bootstrap_servers},
     )  # fmt: skip
 
 

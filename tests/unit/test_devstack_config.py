@@ -58,7 +58,10 @@ def test_kinbox_dev_brokers_reaches_the_launcher(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(command, "local_stack", fake_stack)
     result = CliRunner().invoke(command.dev, ["--brokers", "3"])
     assert "not starting anything" in result.output
-    assert asked == [{"fsync": False, "use_external": False, "cdc": False, "brokers": 3}]
+    assert asked == [
+        {"fsync": False, "use_external": False, "cdc": False, "schema_registry": False,
+         "brokers": 3}
+    ]  # fmt: skip
     assert CliRunner().invoke(command.dev, ["--brokers", "0"]).exit_code == 2
 
 
