@@ -102,10 +102,8 @@ def check_dead_letter_topics(
     sources = sorted(set(targets) | set(targets.values()))
     limits = _max_bytes(admin, [t for t in sources if t in topics], deadline)
     created = _create(admin, missing, targets, topics, limits, deadline)
-    # Created here or, at the same moment, by another member starting too:
-    # on a cluster of several brokers, some may not know it yet either way.
-    _wait_until_known(admin, missing, deadline)
-    limits.update(_max_bytes(admin, missing, deadline))
+    _wait_until_known(admin, created, deadline)
+    limits.update(_max_bytes(admin, created, deadline))
     _check_writable(admin, sorted(set(targets.values())), deadline)
     found = {}
     for source, dlq in targets.items():
@@ -251,7 +249,9 @@ def _check_writable_once(admin: AdminClient, topics: list[str], deadline: float)
     """Check ``topics``; return those a broker did not know yet, to ask again (until deadline).
 
     A topic just created is unknown to some brokers of a cluster for a
-    moment, and the broker answering need not be the one that listed it.
+    moment, and the broker answering need not be the one that listed it:
+    also one another member created at the same moment (this one's
+    creation then found it existing, and did not wait for it).
     """
     try:
         futures = admin.describe_topics(TopicCollection(topics), include_authorized_operations=True)

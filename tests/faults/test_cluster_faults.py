@@ -105,7 +105,7 @@ def _kill_and_restart(run: Run, stack: Stack, node: int, what: str) -> None:
 
 def _pipeline(run: Run, stack: Stack, fault: Callable[[], None]) -> None:
     """Workers, the dead-letter path, a relay and a writer run while ``fault`` happens."""
-    outbox_topic = create_topic(run.bootstrap, f"{run.topic}-outbox", 3)
+    outbox_topic = create_topic(run.bootstrap, f"{run.topic}-outbox", 3, replication_factor=-1)
     with psycopg.connect(run.database_url, autocommit=True) as db:
         migrate_outbox(db, run.schema)
     produced = run.produce(duplicates=run.rng.randint(0, 10))

@@ -23,6 +23,7 @@ import psycopg
 from psycopg import sql
 
 from kinbox.devstack.stack import Stack
+from producer_outbox.lanes import LaneOwner
 from tests.support.fault_run import Run
 from tests.support.outbox import (
     as_produced,
@@ -75,11 +76,16 @@ def test_relay_killed_mid_batch_and_two_relays_end_to_end(run: Run, stack: Stack
                 timeout=60,
                 what=f"{len(items)} outbox rows sent",
             )
+            # (once both are registered: a relay still starting up has no SIGTERM
+            # handler yet, and the other may have sent every row before it got there)
+            owners = LaneOwner(db, run.schema, 4)
+            wait_for(lambda: owners.relays() == 2, what="both restarted relays registered")
             assert all(stop_relay(r) == 0 for r in relays[1:])
         finally:
             for relay in relays:
                 if relay.poll() is None:
                     relay.kill()
+                    relay.wait(10)
         rows = db.execute(
             sql.SQL("SELECT id::text FROM {}.outbox").format(sql.Identifier(run.schema))
         ).fetchall()

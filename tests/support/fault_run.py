@@ -152,7 +152,8 @@ def open_run(
     rng = random.Random(seed)
     tag = uuid.UUID(int=rng.getrandbits(128)).hex[:10]
     topic, schema, group = f"fault-{tag}", f"fault_{tag}", f"g-{tag}"
-    create_topic(bootstrap, topic, partitions)
+    # The broker's replication factor: the fault suite also runs on three brokers.
+    create_topic(bootstrap, topic, partitions, replication_factor=-1)
     prepare_schema(database_url, schema)
     with workers(bootstrap, database_url, group, schema, topic, log_dir) as factory:
         yield Run(

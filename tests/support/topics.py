@@ -21,14 +21,14 @@ def create_topic(
     *,
     prefix: str = "t",
     config: Mapping[str, str] | None = None,
+    replication_factor: int = 1,
 ) -> str:
     """Create ``name`` (or a fresh :func:`topic_name`); return it.
 
-    Its replication factor is the broker's default (``-1``): 1 on the
-    single-node stack, 3 on ``kinbox dev --brokers 3``.
-
     Args:
         config: topic-level settings (``max.message.bytes``...).
+        replication_factor: 1 by default; -1 takes the broker's default
+            (3 on ``kinbox dev --brokers 3``).
 
     Raises:
         confluent_kafka.KafkaException: the broker refused it or did not answer in 30 s.
@@ -36,7 +36,10 @@ def create_topic(
     topic = name or topic_name(prefix)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     new = NewTopic(
-        topic, num_partitions=partitions, replication_factor=-1, config=dict(config or {})
+        topic,
+        num_partitions=partitions,
+        replication_factor=replication_factor,
+        config=dict(config or {}),
     )
     admin.create_topics([new])[topic].result(timeout=30)
     return topic
