@@ -63,6 +63,18 @@ at another offset); ``fail`` stops the worker with an error, committing
 nothing past the record.
 """
 
+TRACE_CONTEXT_MODES = ("auto", "parent", "link")
+"""Values of ``trace_context``: how a handler's span relates to the producer's trace.
+
+``parent`` makes the record's trace context (its ``traceparent`` header) the
+parent of the ``process`` span, so one trace runs from the producer to the
+handler; ``link`` keeps the span in the worker's own trace (under the
+partition batch's span) and links the producer's context; ``auto`` (the
+default) is ``parent`` for per-event handlers and ``link`` for batch
+handlers, whose events come from many traces (a span has one parent). Either
+way the span links the producer's context.
+"""
+
 
 @dataclass(frozen=True, repr=False)
 class Settings:
@@ -83,6 +95,8 @@ class Settings:
     retry_max: float = 30.0
     max_attempts: int = 5
     missing_id: str = "dead-letter"
+    trace_context: str = "auto"
+    metrics_port: int = 0
     kafka_overrides: Mapping[str, str] = field(default_factory=dict)
 
     def validate(self) -> Settings:
@@ -120,6 +134,10 @@ class Settings:
             _bad("max_attempts", self.max_attempts, "1..1000 (handler tries before dead-lettering)")
         if self.missing_id not in MISSING_ID_POLICIES:
             _bad("missing_id", self.missing_id, " | ".join(MISSING_ID_POLICIES))
+        if self.trace_context not in TRACE_CONTEXT_MODES:
+            _bad("trace_context", self.trace_context, " | ".join(TRACE_CONTEXT_MODES))
+        if not 0 <= self.metrics_port <= 65535:
+            _bad("metrics_port", self.metrics_port, "0 (no endpoint) or a TCP port, 1..65535")
         if self.pool_size < 1:
             _bad("pool_size", self.pool_size, "1 or more")
         for key in self.kafka_overrides:
@@ -156,12 +174,17 @@ class Settings:
         as it is, every one but the last to join would be fenced. Each member
         gets ``<id>-<index>`` instead, the same on every restart, so static
         membership keeps working (a restarted member takes its place back).
+        Each member's metrics endpoint, likewise, is its own:
+        ``metrics_port + index`` (N processes cannot share one port).
         """
+        member = self
+        if self.metrics_port:
+            member = dataclasses.replace(member, metrics_port=self.metrics_port + index)
         instance = self.kafka_overrides.get("group.instance.id")
         if not instance:
-            return self
+            return member
         overrides = {**self.kafka_overrides, "group.instance.id": f"{instance}-{index}"}
-        return dataclasses.replace(self, kafka_overrides=overrides)
+        return dataclasses.replace(member, kafka_overrides=overrides)
 
     def redacted(self) -> dict[str, Any]:
         """Return the settings as a dict that is safe to log: secrets are masked."""
