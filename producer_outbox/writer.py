@@ -5,6 +5,10 @@ take effect at the caller's COMMIT and vanish with a ROLLBACK, so a rolled-back
 business transaction leaves no row and wakes no relay. PostgreSQL folds equal
 notifications of one transaction into one, so enqueueing many events in a
 transaction costs one wake-up.
+
+When a span is current, the row also stores its W3C trace context
+(``traceparent``, ``tracestate``; :mod:`producer_outbox.trace_context`), so
+the relay and the consumer continue the business transaction's trace.
 """
 
 from __future__ import annotations
@@ -21,11 +25,17 @@ from psycopg.types.json import Jsonb
 
 from kinbox.errors import ConfigurationError, PayloadError, StoreError
 from kinbox.names import sql_identifier, topic_name
+from producer_outbox import trace_context
 from producer_outbox.debezium import CDC_CONSTRAINT
 from producer_outbox.schema import notify_channel
 
 #: Header names the relay sets itself; a stored header may not shadow them.
-RESERVED_HEADERS = frozenset({"event-id", "ce_id", "ce_type", "ce_source", "ce_specversion"})
+RESERVED_HEADERS = frozenset(
+    {"event-id", "ce_id", "ce_type", "ce_source", "ce_specversion", *trace_context.COLUMNS.values()}
+)
+
+_TRACE_COLUMNS = sql.SQL(", traceparent, tracestate")
+_TRACE_VALUES = sql.SQL(", %s, %s")
 
 _MAX_KEY_BYTES = 1024
 # json.dumps writes U+0000 as the escape \u0000 (after an even number of backslashes).
@@ -74,6 +84,30 @@ def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
             )
         checked[name] = value
     return checked
+
+
+# (host, port, database, schema) -> whether its outbox has the trace-context columns.
+_TRACE_COLUMNS_FOUND: dict[tuple[str, int, str, str], bool] = {}
+
+
+def _stores_trace(conn: psycopg.Connection[Any] | psycopg.Cursor[Any], schema: str) -> bool:
+    """Whether the outbox in ``schema`` has the trace-context columns (asked once per process).
+
+    The trace context is telemetry and must never fail an enqueue: an outbox
+    not yet migrated to version 3 (new code deployed before ``kinbox
+    migrate``) simply stores none.
+    """
+    info = conn.connection.info if isinstance(conn, psycopg.Cursor) else conn.info
+    where = (info.host, info.port, info.dbname, schema)
+    found = _TRACE_COLUMNS_FOUND.get(where)
+    if found is None:
+        row = conn.execute(
+            "SELECT count(*) = %s FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attname = ANY(%s) AND NOT attisdropped",
+            (len(trace_context.COLUMNS), f"{schema}.outbox", list(trace_context.COLUMNS)),
+        ).fetchone()
+        found = _TRACE_COLUMNS_FOUND[where] = bool(row and row[0])
+    return found
 
 
 def enqueue(
@@ -129,16 +163,7 @@ def enqueue(
     event_id = event_id if event_id is not None else uuid.uuid4()
     if not isinstance(event_id, uuid.UUID):
         raise ConfigurationError(f"outbox event_id={event_id!r}: must be a uuid.UUID")
-    # One statement, so even an autocommit caller gets the row and the
-    # notification atomically.
-    statement = sql.SQL(
-        "WITH row AS ("
-        " INSERT INTO {}.outbox"
-        " (id, topic, aggregatetype, aggregateid, type, payload, payload_bytes, headers)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id)"
-        " SELECT row.id, pg_notify(%s, '') FROM row"
-    ).format(schema_id)
-    params = (
+    params: tuple[Any, ...] = (
         event_id,
         topic,
         topic,
@@ -147,8 +172,24 @@ def enqueue(
         json_payload,
         raw_payload,
         Jsonb(stored_headers),
-        notify_channel(schema),
     )
+    # The trace columns are named only when there is a context to store, so
+    # an untraced producer's INSERT is the one it always was.
+    traced = trace_context.current()
+    columns = values = sql.SQL("")
+    if traced is not None and _stores_trace(conn, schema):
+        columns, values = _TRACE_COLUMNS, _TRACE_VALUES
+        params += traced
+    # One statement, so even an autocommit caller gets the row and the
+    # notification atomically.
+    statement = sql.SQL(
+        "WITH row AS ("
+        " INSERT INTO {}.outbox"
+        " (id, topic, aggregatetype, aggregateid, type, payload, payload_bytes, headers{})"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s{}) RETURNING id)"
+        " SELECT row.id, pg_notify(%s, '') FROM row"
+    ).format(schema_id, columns, values)
+    params += (notify_channel(schema),)
     try:
         conn.execute(statement, params)
     except psycopg.errors.CheckViolation as exc:

@@ -19,8 +19,9 @@ from opentelemetry.context import Context
 from opentelemetry.util.types import AttributeValue
 
 from kinbox.describe import describe
-from kinbox.middleware import semconv as sc
-from kinbox.middleware.propagation import as_parent, creation_context
+from kinbox.otel import semconv as sc
+from kinbox.otel.propagation import as_parent, creation_context
+from kinbox.otel.semconv import error_type, key_text
 
 if TYPE_CHECKING:
     from kinbox.event import Event
@@ -84,26 +85,8 @@ def process_span(
     )
 
 
-def error_type(error: BaseException) -> str:
-    """``error.type`` for ``error``: its class's canonical name (``module.Class``)."""
-    cls = type(error)
-    if cls.__module__ == "builtins":
-        return cls.__qualname__
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def mark_failed(span: trace.Span, error: BaseException) -> None:
     """Record ``error`` on ``span``: ``error.type``, an error status, the exception event."""
     span.set_attribute(sc.ERROR_TYPE, error_type(error))
     span.set_status(trace.Status(trace.StatusCode.ERROR, describe(error)))
     span.record_exception(error)
-
-
-def key_text(key: bytes | None) -> str | None:
-    """The key as text when it has one canonical text form (UTF-8), as the conventions ask."""
-    if key is None:
-        return None
-    try:
-        return key.decode("utf-8")
-    except UnicodeDecodeError:
-        return None

@@ -61,19 +61,27 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import context, metrics, trace
 from opentelemetry.context import Context
+from opentelemetry.metrics import Observation
 
 from kinbox.describe import describe
-from kinbox.middleware import semconv as sc
 from kinbox.middleware.base import Middleware, WorkerInfo
-from kinbox.middleware.instruments import counter, histogram, metrics_on, tracing_on
-from kinbox.middleware.lag_gauge import lag_gauge
-from kinbox.middleware.propagation import creation_context
-from kinbox.middleware.spans import Attributes, error_type, mark_failed, process_span
+from kinbox.middleware.spans import Attributes, mark_failed, process_span
+from kinbox.otel import semconv as sc
+from kinbox.otel.instruments import (
+    counter,
+    histogram,
+    metrics_on,
+    shared_gauge,
+    tracing_on,
+)
+from kinbox.otel.propagation import creation_context
+from kinbox.otel.semconv import error_type
 
 if TYPE_CHECKING:
     from kinbox.apply.deadletter import Letter
     from kinbox.apply.outcome import BatchResult, Step
     from kinbox.consume.envelope import Record
+    from kinbox.consume.lag import LagBoard
     from kinbox.event import Event
 
 
@@ -123,7 +131,7 @@ class Telemetry(Middleware):
         }
         self._mode_given = trace_context
         self._group: str | None = None
-        self._reports_lag = False
+        self._lag_gauge = shared_gauge(meter, sc.CONSUMER_LAG)
         # Keyed by partition: batches of one partition never overlap, while
         # batches of different partitions may be in flight at once.
         self._open: dict[tuple[str, int], _Open] = {}
@@ -140,15 +148,14 @@ class Telemetry(Middleware):
         self._labels.clear()
         settings = worker.settings
         self._configure(settings.trace_context if settings is not None else "auto")
-        if worker.lag is not None:
-            lag_gauge(self._meter).watch(self, worker.group_id, worker.lag)
-            self._reports_lag = True
+        board = worker.lag
+        if board is not None:
+            group = worker.group_id
+            self._lag_gauge.watch(self, lambda _owner: _lags(group, board))
 
     def after_worker_stop(self, worker: WorkerInfo, error: BaseException | None) -> None:
         """Stop reporting this worker's lag."""
-        if self._reports_lag:
-            lag_gauge(self._meter).forget(self)
-            self._reports_lag = False
+        self._lag_gauge.forget(self)
 
     def _configure(self, mode: str) -> None:
         # Decided once per start, not per call: with no SDK the handler is
@@ -348,3 +355,11 @@ class Telemetry(Middleware):
                 found[sc.CONSUMER_GROUP] = self._group
             self._labels[(operation, topic)] = found
         return found
+
+
+def _lags(group: str, board: LagBoard) -> list[Observation]:
+    """``kinbox.consumer.lag`` of one worker: a point per assigned partition."""
+    return [
+        Observation(lag, {sc.GROUP: group, sc.TOPIC: topic, sc.PARTITION_LABEL: str(partition)})
+        for (topic, partition), lag in sorted(board.read().items())
+    ]

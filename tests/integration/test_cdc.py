@@ -161,32 +161,32 @@ def test_complete_lesson_through_debezium_is_applied_once_in_key_order(
         assert [r.event_id for r in after] == [str(side_id), str(marker)]
 
 
-def test_a_trace_context_column_becomes_a_header_through_the_hook(
+def test_the_trace_context_columns_become_headers_by_default_and_null_adds_none(
     stack: Stack, connect: KafkaConnect, schema: str, db: Conn, make_topic: MakeTopic
 ) -> None:
-    # Given an outbox with a trace-context column (no DEFAULT: the writer fills it) ...
+    # Given an outbox migrated with its trace-context columns (no DEFAULT: the writer fills them)
     migrate(db, schema, [OUTBOX])
-    outbox_table = sql.Identifier(schema, "outbox")
-    db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN traceparent text").format(outbox_table))
     insert = sql.SQL(
-        "INSERT INTO {} (id, topic, aggregatetype, aggregateid, payload, traceparent)"
-        " VALUES (%s, %s, %s, 'k', '{{}}', %s)"
-    ).format(outbox_table)
+        "INSERT INTO {} (id, topic, aggregatetype, aggregateid, payload, traceparent, tracestate)"
+        " VALUES (%s, %s, %s, 'k', '{{}}', %s, %s)"
+    ).format(sql.Identifier(schema, "outbox"))
     topic = make_topic()
     traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     traced, untraced = uuid.uuid4(), uuid.uuid4()
-    # ... and the connector registered with `--header-column traceparent`
+    # ... and the connector registered as a user would (no --header-column)
     with (
-        outbox_connector(connect, stack.database_url, schema, header_columns=("traceparent",)),
+        outbox_connector(connect, stack.database_url, schema),
         psycopg.connect(stack.database_url) as conn,
     ):
         with conn.transaction():
-            conn.execute(insert, (traced, topic, topic, traceparent))
-            conn.execute(insert, (untraced, topic, topic, None))
+            conn.execute(insert, (traced, topic, topic, traceparent, "vendor=1"))
+            conn.execute(insert, (untraced, topic, topic, None, None))
         records = {r.event_id: r for r in consume(stack, topic, 2)}
-    # Then the column's value is the record's header, and a NULL adds no header
+    # Then the columns' values are the record's headers, and a NULL adds no header
     assert records[str(traced)].headers["traceparent"] == traceparent.encode()
+    assert records[str(traced)].headers["tracestate"] == b"vendor=1"
     assert "traceparent" not in records[str(untraced)].headers
+    assert "tracestate" not in records[str(untraced)].headers
     assert records[str(untraced)].headers["event-id"] == str(untraced).encode()
 
 

@@ -28,6 +28,7 @@ def test_a_writer_loads_psycopg_and_nothing_of_kafka_or_the_relay() -> None:
     # seam, nor any producer_outbox module beyond the writer's own.
     writer = {"producer_outbox", "producer_outbox.writer", "producer_outbox.schema"}
     writer |= {"producer_outbox.debezium"}  # the CDC constraint's name, in the writer's errors
+    writer |= {"producer_outbox.trace_context"}  # the span's W3C context, stored with the row
     code = (
         "import sys\nfrom producer_outbox import enqueue\n"
         "print(sorted(m for m in sys.modules if m.startswith("
@@ -43,9 +44,16 @@ def test_never_imports_consumer_code() -> None:
     # kinbox.kafka.errors is a leaf (confluent-kafka and the error tree): the
     # one place that reads fatal errors and refused configurations.
     # kinbox.failpoints (the one failpoint grammar) and kinbox.lazy (lazy
-    # exports) are shared and import nothing of the consumer.
+    # exports) are shared and import nothing of the consumer; so is
+    # kinbox.otel (the names of spans and metrics, trace context in headers,
+    # the SDK set up from OTEL_*).
     allowed = {
         "kinbox.errors",
+        "kinbox.otel",
+        "kinbox.otel.instruments",
+        "kinbox.otel.propagation",
+        "kinbox.otel.semconv",
+        "kinbox.otel.setup",
         "kinbox.failpoints",
         "kinbox.kafka.errors",
         "kinbox.lazy",

@@ -22,8 +22,8 @@ from kinbox.consume.lag import LagBoard
 from kinbox.consume.runner import Runner
 from kinbox.errors import ConfigurationError, DeadLetter
 from kinbox.event import Event
-from kinbox.middleware.instruments import metrics_on, tracing_on
 from kinbox.middleware.telemetry import Telemetry
+from kinbox.otel.instruments import metrics_on, tracing_on
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
 
 pytestmark = pytest.mark.unit

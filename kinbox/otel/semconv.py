@@ -2,8 +2,9 @@
 
 One place for every attribute, span and instrument name, so the consumer's
 telemetry (:mod:`kinbox.middleware.telemetry`) and the outbox relay's
-(:mod:`producer_outbox.telemetry`) cannot drift apart. Plain strings: this
-module imports nothing, OpenTelemetry included.
+(:mod:`producer_outbox.telemetry`) cannot drift apart. Plain strings (and two
+functions that make attribute values): this module imports nothing,
+OpenTelemetry included.
 
 The ``messaging.*`` and ``error.type`` names follow the messaging semantic
 conventions as they stand now (Kafka: ``messaging.kafka.offset``,
@@ -139,3 +140,24 @@ DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 """Bucket boundaries advised for the duration histograms, in seconds."""
 SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 """Bucket boundaries advised for :data:`BATCH_SIZE`."""
+
+
+# -- attribute values --
+
+
+def error_type(error: BaseException) -> str:
+    """``error.type`` for ``error``: its class's canonical name (``module.Class``)."""
+    cls = type(error)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def key_text(key: bytes | None) -> str | None:
+    """The key as text when it has one canonical text form (UTF-8), as the conventions ask."""
+    if key is None:
+        return None
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
