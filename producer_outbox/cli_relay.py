@@ -9,6 +9,7 @@ from types import FrameType
 
 import click
 
+from kinbox.otel.setup import configure as configure_telemetry
 from producer_outbox.cli_support import connect, database_option, parse_overrides, redact
 from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import KafkaPublisher, producer_config
@@ -34,6 +35,14 @@ log = logging.getLogger("producer_outbox")
 @click.option("--retention-days", type=float, default=7.0, show_default=True)
 @click.option("--cleanup-interval", type=float, default=3600.0, show_default=True)
 @click.option("--source", default=None, help="CloudEvents ce_source (default /<topic>).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    envvar="KINBOX_METRICS_PORT",
+    default=0,
+    help="Serve Prometheus metrics at :PORT/metrics (needs kinbox[otel]; 0: none) "
+    "[env KINBOX_METRICS_PORT]. Tracing and metrics also follow OTEL_*.",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def relay(
     database_url: str,
@@ -47,12 +56,17 @@ def relay(
     retention_days: float,
     cleanup_interval: float,
     source: str | None,
+    metrics_port: int,
     log_level: str,
 ) -> None:
     """Publish committed outbox rows to Kafka until SIGTERM/SIGINT."""
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Before the relay is made: its telemetry sees the SDK this sets up.
+    turned_on = configure_telemetry("kinbox-outbox-relay", metrics_port)
+    if turned_on:
+        log.info("OpenTelemetry: %s", "; ".join(turned_on))
     config = RelayConfig(
         database_url=database_url,
         schema=schema,
