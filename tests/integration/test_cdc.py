@@ -20,6 +20,9 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from psycopg import sql
 
 from examples.lessons.app import TOPIC, app, complete_lesson, create_tables
@@ -40,7 +43,10 @@ from tests.integration.cdc_support import (
     search_path_url,
     write_wal,
 )
-from tests.integration.inbox_support import running, settings
+from tests.integration.inbox_support import effects, running, settings
+from tests.integration.traced_app import STATEMENT_SPAN
+from tests.integration.traced_app import make_app as traced_app
+from tests.support.database import prepare_schema
 from tests.support.outbox import Received, consume, count
 from tests.support.waiting import wait_for
 
@@ -188,6 +194,41 @@ def test_the_trace_context_columns_become_headers_by_default_and_null_adds_none(
     assert "traceparent" not in records[str(untraced)].headers
     assert "tracestate" not in records[str(untraced)].headers
     assert records[str(untraced)].headers["event-id"] == str(untraced).encode()
+
+
+def test_one_trace_runs_from_the_business_transaction_through_debezium_to_the_handler(
+    stack: Stack, connect: KafkaConnect, schema: str, db: Conn, make_topic: MakeTopic
+) -> None:
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    prepare_schema(stack.database_url, schema)
+    migrate(db, schema, [OUTBOX])
+    topic, group = make_topic(), f"cdc-traced-{uuid.uuid4().hex[:8]}"
+    with outbox_connector(connect, stack.database_url, schema):
+        # Given a business transaction, in a span, that enqueues an event
+        with (
+            provider.get_tracer("shop").start_as_current_span("CompleteLesson") as business,
+            psycopg.connect(stack.database_url) as conn,
+            conn.transaction(),
+        ):
+            event_id = str(enqueue(conn, topic, {"lesson": 1}, key="u1", schema=schema))
+        # When Debezium publishes it (the default connector config) and a worker applies it
+        app = traced_app(topic, schema, group, tracer_provider=provider)
+        config = settings(stack.bootstrap_servers, stack.database_url, group, schema)
+        with running(app, config):
+            wait_for(lambda: len(effects(db, schema, group)) == 1, 90, "the event applied")
+    # Then the handler's span is the business span's child, in its trace, and
+    # the handler's statement the handler span's child
+    finished = list(spans.get_finished_spans())
+    [processed] = [s for s in finished if s.name == f"process {topic}"]
+    [statement] = [s for s in finished if s.name == STATEMENT_SPAN]
+    context = business.get_span_context()
+    assert processed.context.trace_id == context.trace_id
+    assert processed.parent is not None and processed.parent.span_id == context.span_id
+    assert (processed.attributes or {})["messaging.message.id"] == event_id
+    assert statement.parent is not None
+    assert statement.parent.span_id == processed.context.span_id
 
 
 def test_connect_sigkilled_mid_stream_duplicates_are_suppressed(
