@@ -1,15 +1,16 @@
 """The relay's spans and metrics, around the publishing of each claimed batch.
 
-**Spans.** A row enqueued with a trace context (:mod:`.trace_context`) gets
-a PRODUCER span ``send <topic>`` in that trace, its child; the span's own
+**Spans.** A row enqueued in a sampled trace (:mod:`.trace_context`) gets a
+PRODUCER span ``send <topic>`` in that trace, its child; the span's own
 context goes on the record as ``traceparent`` / ``tracestate``, so the
 consumer's ``process`` span continues from it. The span covers the batch's
 publish (produce to every delivery report) and says how its row fared
-(``error.type`` on failure). A row without a stored context gets no span:
-it belongs to no trace, and a span per row would cost the relay its
-throughput (measured: see the README's "Tracing and metrics"); its record
-carries no trace headers. With no SDK configured no span is made at all and
-a stored context travels on unchanged.
+(``error.type`` on failure). A row with no stored context, or one its
+producer did not sample, gets no span and its record carries the stored
+context (if any) as it is: a span per row costs the relay tens of
+microseconds (measured: the README's "Tracing and metrics"), which only a
+trace someone will look at should pay. With no SDK configured no span is
+made at all.
 
 **Metrics** (names, units, descriptions in :mod:`kinbox.otel.semconv`):
 ``messaging.client.sent.messages`` (``error.type`` on the failed ones) and
@@ -26,9 +27,9 @@ when an SDK's meter provider is installed: no SDK, no extra query.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,8 +44,7 @@ from kinbox.otel.instruments import (
     shared_gauge,
     tracing_on,
 )
-from kinbox.otel.propagation import inject
-from kinbox.otel.semconv import key_text
+from kinbox.otel.propagation import as_parent, formatted, parse
 from producer_outbox import trace_context
 from producer_outbox.batch import publish
 from producer_outbox.publisher import Outcome, Publisher
@@ -119,10 +119,17 @@ class RelayTelemetry:
         return outcomes
 
     def _send_span(self, row: OutboxRow) -> trace.Span | None:
+        """The row's ``send`` span, or ``None``: no valid stored context, or not sampled.
+
+        A context its producer did not sample gets no span: under the
+        default (parent-based) sampler the span would record nothing, yet
+        making it costs about half a recorded one. The record then carries
+        the stored context as it is, and the consumer follows its flags.
+        """
         assert row.traceparent is not None
-        parent = trace_context.parent(row.traceparent, row.tracestate)
-        if parent is None:
-            return None  # a malformed stored context: the record carries it as it is
+        stored = parse(row.traceparent, row.tracestate)
+        if stored is None or not stored.trace_flags.sampled:
+            return None
         attributes: dict[str, Any] = {
             sc.MESSAGING_SYSTEM: sc.KAFKA,
             sc.OPERATION_TYPE: sc.SEND,
@@ -130,12 +137,11 @@ class RelayTelemetry:
             sc.DESTINATION: row.topic,
             sc.MESSAGE_ID: str(row.id),
         }
-        key = key_text(row.key.encode()) if row.key is not None else None
-        if key is not None:
-            attributes[sc.MESSAGE_KEY] = key
+        if row.key is not None:
+            attributes[sc.MESSAGE_KEY] = row.key
         return self._tracer.start_span(
             f"{sc.SEND} {row.topic}",
-            context=parent,
+            context=as_parent(stored),
             kind=trace.SpanKind.PRODUCER,
             attributes=attributes,
         )
@@ -143,20 +149,31 @@ class RelayTelemetry:
     def _count(
         self, rows: Sequence[OutboxRow], outcomes: Sequence[Outcome], elapsed: float
     ) -> None:
-        topics = {row.topic for row in rows}
-        labels: dict[str, Any] = {sc.MESSAGING_SYSTEM: sc.KAFKA, sc.OPERATION_NAME: sc.SEND}
-        if len(topics) == 1:
-            labels[sc.DESTINATION] = next(iter(topics))
-        self._duration.record(elapsed, labels)
+        # Tallied first, then one add per (topic, error): an instrument call
+        # with attributes costs microseconds, and a batch is mostly one topic.
+        sent: Counter[tuple[str, str | None]] = Counter()
+        failed: Counter[tuple[str, str]] = Counter()
         for row, outcome in zip(rows, outcomes, strict=True):
             if outcome.held:
                 continue  # never tried: it waited behind an earlier row of its key
-            sent: dict[str, Any] = {**labels, sc.DESTINATION: row.topic}
-            if not outcome.ok:
-                sent[sc.ERROR_TYPE] = _error_type(outcome)
-                kind = "topic" if outcome.topic_failure else "outage" if outcome.outage else "row"
-                self._failures.add(1, {sc.TOPIC: row.topic, sc.KIND: kind})
-            self._sent.add(1, sent)
+            if outcome.ok:
+                sent[(row.topic, None)] += 1
+                continue
+            sent[(row.topic, _error_type(outcome))] += 1
+            kind = "topic" if outcome.topic_failure else "outage" if outcome.outage else "row"
+            failed[(row.topic, kind)] += 1
+        labels: dict[str, Any] = {sc.MESSAGING_SYSTEM: sc.KAFKA, sc.OPERATION_NAME: sc.SEND}
+        topics = {row.topic for row in rows}
+        if len(topics) == 1:
+            labels[sc.DESTINATION] = next(iter(topics))
+        self._duration.record(elapsed, labels)
+        for (topic, error), n in sent.items():
+            attributes = {**labels, sc.DESTINATION: topic}
+            if error is not None:
+                attributes[sc.ERROR_TYPE] = error
+            self._sent.add(n, attributes)
+        for (topic, kind), n in failed.items():
+            self._failures.add(n, {sc.TOPIC: topic, sc.KIND: kind})
 
     def refresh(self, conn: Any) -> None:
         """Upkeep: read the outbox's backlog and failing topics for the gauges."""
@@ -193,11 +210,9 @@ def _reading(spec: sc.Instrument) -> Callable[[RelayTelemetry], list[Observation
 
 def _carrying(record: Record, span: trace.Span) -> Record:
     """``record`` with the trace headers of ``span`` instead of the stored ones."""
-    carried = trace_context.stored(inject(trace.set_span_in_context(span)))
-    if carried is None:
-        return record
-    kept = [(n, v) for n, v in record.headers if n not in trace_context.COLUMNS.values()]
-    return dataclasses.replace(record, headers=kept + trace_context.headers(*carried))
+    kept = [(n, v) for n, v in record.headers if n not in trace_context.COLUMNS]
+    carried = trace_context.headers(*formatted(span.get_span_context()))
+    return Record(record.topic, record.key, record.value, kept + carried)
 
 
 def _error_type(outcome: Outcome) -> str:

@@ -16,10 +16,8 @@ from __future__ import annotations
 from opentelemetry import trace
 from opentelemetry.context import Context
 
-from kinbox.otel.propagation import as_parent, creation_context, inject
+from kinbox.otel.propagation import TRACEPARENT, TRACESTATE, as_parent, formatted, parse
 
-TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
 COLUMNS = {TRACEPARENT: TRACEPARENT, TRACESTATE: TRACESTATE}
 """The outbox's trace-context columns and the record header each becomes."""
 
@@ -29,21 +27,13 @@ Stored = tuple[str, str | None]
 
 def current() -> Stored | None:
     """The current span's W3C context, to store with a row; ``None`` when no span is current."""
-    # The cheap test first: enqueue is on the business transaction's hot path.
-    if not trace.get_current_span().get_span_context().is_valid:
-        return None
-    return stored(inject())
-
-
-def stored(carrier: dict[str, str]) -> Stored | None:
-    """``(traceparent, tracestate)`` from a propagator's carrier, if it has a traceparent."""
-    traceparent = carrier.get(TRACEPARENT)
-    return None if traceparent is None else (traceparent, carrier.get(TRACESTATE))
+    context = trace.get_current_span().get_span_context()
+    return formatted(context) if context.is_valid else None
 
 
 def parent(traceparent: str, tracestate: str | None) -> Context | None:
     """A context whose parent is the stored one, or ``None`` if it is not a valid one."""
-    span_context = creation_context(headers(traceparent, tracestate))
+    span_context = parse(traceparent, tracestate)
     return None if span_context is None else as_parent(span_context)
 
 

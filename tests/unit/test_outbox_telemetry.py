@@ -118,10 +118,12 @@ def points(reader: InMemoryMetricReader, name: str) -> list[Any]:
 def test_a_traced_row_is_sent_in_a_producer_span_whose_context_the_record_carries() -> None:
     telemetry, spans, reader = sdk()
     publisher = Publisher(refuse="big")
-    rows = [row(), row(traceparent=None), row(topic="big")]
+    unsampled = TRACEPARENT[:-2] + "00"
+    rows = [row(), row(traceparent=None), row(topic="big"), row(traceparent=unsampled)]
     outcomes = telemetry.publish(publisher, rows, [to_record(r) for r in rows])
-    assert [o.ok for o in outcomes] == [True, True, False]
-    # One span per row enqueued in a trace, its child; none for the untraced row
+    assert [o.ok for o in outcomes] == [True, True, False, True]
+    # One span per row enqueued in a sampled trace, its child; none for the
+    # untraced row, nor for the one its producer did not sample
     sent, refused = spans.get_finished_spans()
     assert sent.name == "send t" and sent.kind is SpanKind.PRODUCER
     assert sent.parent is not None and f"{sent.parent.span_id:016x}" == "00f067aa0ba902b7"
@@ -134,12 +136,10 @@ def test_a_traced_row_is_sent_in_a_producer_span_whose_context_the_record_carrie
     assert (refused.attributes or {})["error.type"] == "MSG_SIZE_TOO_LARGE"
     assert refused.status.status_code is trace.StatusCode.ERROR
     # The record carries the send span's context (the consumer continues from it)
-    first, untraced, _ = (headers(r) for r in publisher.published)
-    assert (
-        first["traceparent"]
-        == f"00-{sent.context.trace_id:032x}-{sent.context.span_id:016x}-01".encode()
-    )
+    first, untraced, _, not_sampled = (headers(r) for r in publisher.published)
+    assert first["traceparent"] == traceparent_of(sent.context).encode()
     assert first["tracestate"] == b"v=1" and "traceparent" not in untraced
+    assert not_sampled["traceparent"] == unsampled.encode()  # as stored
     # Every record tried is counted; the refused one with its error, by topic and kind
     by_error = {
         (
@@ -148,7 +148,7 @@ def test_a_traced_row_is_sent_in_a_producer_span_whose_context_the_record_carrie
         ): p.value
         for p in points(reader, "messaging.client.sent.messages")
     }
-    assert by_error == {("t", None): 2, ("big", "MSG_SIZE_TOO_LARGE"): 1}
+    assert by_error == {("t", None): 3, ("big", "MSG_SIZE_TOO_LARGE"): 1}
     [failure] = points(reader, "kinbox.outbox.publish.failures")
     assert dict(failure.attributes) == {"topic": "big", "kind": "row"} and failure.value == 1
     [duration] = points(reader, "messaging.client.operation.duration")
