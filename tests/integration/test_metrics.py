@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -22,9 +21,9 @@ from kinbox.devstack.stack import Stack
 from producer_outbox.telemetry import RelayTelemetry
 from producer_outbox.writer import enqueue
 from tests.conftest import MakeTopic
-from tests.integration.inbox_support import effects, produce
+from tests.integration.inbox_support import effects, produce, worker_env
 from tests.support.database import Conn, prepare_schema
-from tests.support.launch import ROOT, timing_env, worker_argv
+from tests.support.launch import ROOT, worker_argv
 from tests.support.outbox import count, migrate_outbox, relay_process, running_relay, stop_relay
 from tests.support.records import set_max_message_bytes
 from tests.support.topics import create_topic
@@ -67,13 +66,8 @@ def scrapes(port: int) -> Samples:
 
 @contextmanager
 def worker_process(env: dict[str, str], *options: str) -> Iterator[subprocess.Popen[bytes]]:
-    environ = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "KINBOX_"))},
-        **timing_env(),
-        **env,
-    }
     worker = subprocess.Popen(
-        worker_argv("tests.integration.inbox_app:app", options), cwd=ROOT, env=environ
+        worker_argv("tests.integration.inbox_app:app", options), cwd=ROOT, env=env
     )
     try:
         yield worker
@@ -93,15 +87,11 @@ def test_a_worker_serves_what_it_processed_and_its_lag_to_prometheus(
     prepare_schema(stack.database_url, schema)
     topic = create_topic(stack.bootstrap_servers, partitions=1, prefix="metrics")
     group, port = f"metrics-{uuid.uuid4().hex[:8]}", free_port()
-    env = {
-        "KINBOX_BOOTSTRAP_SERVERS": stack.bootstrap_servers,
-        "KINBOX_DATABASE_URL": stack.database_url,
-        "KINBOX_GROUP_ID": group,
-        "KINBOX_SCHEMA": schema,
-        "INBOX_TEST_TOPIC": topic,
-        "INBOX_TEST_SLEEP": "0.3",  # a slow handler: the lag is seen while it works
-        "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
-    }
+    env = worker_env(
+        stack.bootstrap_servers, stack.database_url, topic, group, schema,
+        INBOX_TEST_SLEEP="0.3",  # a slow handler: the lag is seen while it works
+        OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
+    )  # fmt: skip
     # Given a worker with a metrics port (librdkafka reporting every 200 ms)
     with worker_process(env, "--metrics-port", str(port), "-X", "statistics.interval.ms=200"):
         # ... that has applied and committed a first event
@@ -141,15 +131,11 @@ def test_the_worker_endpoint_counts_match_what_was_processed(
     prepare_schema(stack.database_url, schema)
     topic = create_topic(stack.bootstrap_servers, partitions=2, prefix="metrics")
     group, port = f"metrics-{uuid.uuid4().hex[:8]}", free_port()
-    env = {
-        "KINBOX_BOOTSTRAP_SERVERS": stack.bootstrap_servers,
-        "KINBOX_DATABASE_URL": stack.database_url,
-        "KINBOX_GROUP_ID": group,
-        "KINBOX_SCHEMA": schema,
-        "INBOX_TEST_TOPIC": topic,
-        "KINBOX_METRICS_PORT": str(port),  # the environment's way
-        "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
-    }
+    env = worker_env(
+        stack.bootstrap_servers, stack.database_url, topic, group, schema,
+        KINBOX_METRICS_PORT=str(port),  # the environment's way
+        OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
+    )  # fmt: skip
     # Given 7 records: 5 events, 2 of them delivered twice
     produce(
         stack.bootstrap_servers,

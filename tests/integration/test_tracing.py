@@ -9,7 +9,6 @@ nothing but the ``OTEL_*`` environment.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import uuid
@@ -29,10 +28,10 @@ from kinbox.devstack.stack import Stack
 from producer_outbox.telemetry import RelayTelemetry
 from producer_outbox.writer import enqueue
 from tests.conftest import MakeTopic
-from tests.integration.inbox_support import effects, running, settings
+from tests.integration.inbox_support import effects, running, settings, worker_env
 from tests.integration.traced_app import STATEMENT_SPAN, make_app
 from tests.support.database import Conn, prepare_schema
-from tests.support.launch import ROOT, timing_env, worker_argv
+from tests.support.launch import ROOT, worker_argv
 from tests.support.outbox import migrate_outbox, running_relay
 from tests.support.records import write_records
 from tests.support.waiting import wait_for
@@ -198,17 +197,10 @@ def test_a_worker_process_exports_spans_given_only_the_otel_environment(
     )
     # When `kinbox worker` runs with the console exporter named in its environment
     stdout = tmp_path / "stdout"
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "KINBOX_"))},
-        **timing_env(),
-        "KINBOX_BOOTSTRAP_SERVERS": stack.bootstrap_servers,
-        "KINBOX_DATABASE_URL": stack.database_url,
-        "KINBOX_GROUP_ID": group,
-        "KINBOX_SCHEMA": schema,
-        "INBOX_TEST_TOPIC": topic,
-        "OTEL_TRACES_EXPORTER": "console",
-        "OTEL_SERVICE_NAME": "lessons",
-    }
+    env = worker_env(
+        stack.bootstrap_servers, stack.database_url, topic, group, schema,
+        OTEL_TRACES_EXPORTER="console", OTEL_SERVICE_NAME="lessons",
+    )  # fmt: skip
     with stdout.open("wb") as out:
         worker = subprocess.Popen(
             worker_argv("tests.integration.traced_app:app"), cwd=ROOT, env=env, stdout=out

@@ -13,10 +13,10 @@ import os
 from typing import Any
 
 from opentelemetry import trace
-from psycopg import sql
 
 from kinbox import App, Event
 from kinbox.middleware.telemetry import Telemetry
+from tests.integration.inbox_app import recorder
 
 STATEMENT_SPAN = "INSERT effects"
 
@@ -28,18 +28,12 @@ def make_app(
     layers = None if tracer_provider is None else [Telemetry(tracer_provider=tracer_provider)]
     app = App(group_id=group_id, schema=schema, middleware=layers)
     tracer = trace.get_tracer("tests.traced_app", tracer_provider=tracer_provider)
-    insert = sql.SQL(
-        'INSERT INTO {}.effects (consumer, event_id, topic, partition, "offset", pid)'
-        " VALUES (%s, %s, %s, %s, %s, %s)"
-    ).format(sql.Identifier(schema))
+    record = recorder(schema, group_id)
 
     @app.handler(topic)
     def record_effect(event: Event, tx: Any) -> None:
         with tracer.start_as_current_span(STATEMENT_SPAN, kind=trace.SpanKind.CLIENT):
-            tx.execute(
-                insert,
-                (group_id, event.id, event.topic, event.partition, event.offset, os.getpid()),
-            )
+            record(event, tx)
 
     return app
 
