@@ -1,7 +1,7 @@
 """OpenTelemetry as a middleware: spans for every batch and handler call, and the metrics.
 
-Spans (names and attributes in :mod:`.semconv`; the messaging conventions'
-current names):
+Spans (names and attributes in :mod:`kinbox.otel.semconv`; the messaging
+conventions' current names):
 
 - ``kinbox.batch`` (INTERNAL), one per partition batch, current while it
   runs: ``kinbox.claim`` and ``kinbox.commit`` are its children (a batch
@@ -32,8 +32,9 @@ not happen and skew the duration histogram with calls that do nothing. The
 batch span, which covers every record of the batch, links the duplicate's
 creation context instead, so the producer's trace still leads to it.
 
-Metrics (units and descriptions in :mod:`.semconv`): ``messaging.process.duration``
-and ``messaging.client.consumed.messages`` (the conventions'), kinbox's
+Metrics (:mod:`.meters`; units and descriptions in :mod:`kinbox.otel.semconv`):
+``messaging.process.duration`` and ``messaging.client.consumed.messages``
+(the conventions'), kinbox's
 counters ``kinbox.events.received``, ``.applied``, ``.duplicate``,
 ``.dead_lettered`` (label ``topic``), ``kinbox.batches.failed`` (``topic``,
 ``kind``: ``handler``, ``store``, ``dead-letter``, ``envelope``, or ``error``
@@ -61,19 +62,13 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import context, metrics, trace
 from opentelemetry.context import Context
-from opentelemetry.metrics import Observation
 
 from kinbox.describe import describe
 from kinbox.middleware.base import Middleware, WorkerInfo
+from kinbox.middleware.meters import Meters
 from kinbox.middleware.spans import Attributes, mark_failed, process_span
 from kinbox.otel import semconv as sc
-from kinbox.otel.instruments import (
-    counter,
-    histogram,
-    metrics_on,
-    shared_gauge,
-    tracing_on,
-)
+from kinbox.otel.instruments import metrics_on, tracing_on
 from kinbox.otel.propagation import creation_context
 from kinbox.otel.semconv import error_type
 
@@ -81,7 +76,6 @@ if TYPE_CHECKING:
     from kinbox.apply.deadletter import Letter
     from kinbox.apply.outcome import BatchResult, Step
     from kinbox.consume.envelope import Record
-    from kinbox.consume.lag import LagBoard
     from kinbox.event import Event
 
 
@@ -115,29 +109,12 @@ class Telemetry(Middleware):
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self._tracer = trace.get_tracer("kinbox", tracer_provider=tracer_provider)
-        self._meter = meter = metrics.get_meter("kinbox", meter_provider=meter_provider)
-        self._received = counter(meter, sc.RECEIVED)
-        self._consumed = counter(meter, sc.CONSUMED_MESSAGES)
-        self._applied = counter(meter, sc.APPLIED_EVENTS)
-        self._duplicates = counter(meter, sc.DUPLICATE_EVENTS)
-        self._dead_lettered = counter(meter, sc.DEAD_LETTERED_EVENTS)
-        self._failures = counter(meter, sc.BATCHES_FAILED)
-        self._undeliverable = counter(meter, sc.UNDELIVERABLE)
-        self._process = histogram(meter, sc.PROCESS_DURATION, sc.DURATION_BUCKETS)
-        self._size = histogram(meter, sc.BATCH_SIZE, sc.SIZE_BUCKETS)
-        self._steps = {
-            "claim": histogram(meter, sc.CLAIM_DURATION, sc.DURATION_BUCKETS),
-            "commit": histogram(meter, sc.COMMIT_DURATION, sc.DURATION_BUCKETS),
-        }
+        self._meters = Meters(metrics.get_meter("kinbox", meter_provider=meter_provider))
         self._mode_given = trace_context
         self._group: str | None = None
-        self._lag_gauge = shared_gauge(meter, sc.CONSUMER_LAG)
         # Keyed by partition: batches of one partition never overlap, while
         # batches of different partitions may be in flight at once.
         self._open: dict[tuple[str, int], _Open] = {}
-        # Metric attributes by (operation, topic), made once: the hot path
-        # builds no dict for them.
-        self._labels: dict[tuple[str, str], Attributes] = {}
         self._configure("auto")
 
     # -- the worker --
@@ -145,17 +122,13 @@ class Telemetry(Middleware):
     def before_worker_start(self, worker: WorkerInfo) -> None:
         """Learn the group, the lag board and the trace mode; see whether an SDK listens."""
         self._group = worker.group_id or None
-        self._labels.clear()
         settings = worker.settings
         self._configure(settings.trace_context if settings is not None else "auto")
-        board = worker.lag
-        if board is not None:
-            group = worker.group_id
-            self._lag_gauge.watch(self, lambda _owner: _lags(group, board))
+        self._meters.start(self, self._group, worker.lag)
 
     def after_worker_stop(self, worker: WorkerInfo, error: BaseException | None) -> None:
         """Stop reporting this worker's lag."""
-        self._lag_gauge.forget(self)
+        self._meters.stop(self)
 
     def _configure(self, mode: str) -> None:
         # Decided once per start, not per call: with no SDK the handler is
@@ -171,11 +144,7 @@ class Telemetry(Middleware):
 
     def before_batch(self, topic: str, partition: int, records: Sequence[Record]) -> None:
         """Count the records received and start the batch's span."""
-        labels = {sc.TOPIC: topic}
-        self._received.add(len(records), labels)
-        if self._metering:
-            self._consumed.add(len(records), self._metric_labels("consume", topic))
-            self._size.record(len(records), labels)
+        self._meters.received(topic, len(records), all_of_them=self._metering)
         if not self._tracing:
             return
         attributes: Attributes = {
@@ -191,8 +160,7 @@ class Telemetry(Middleware):
     def after_step(self, step: Step) -> None:
         """Time the claim or COMMIT; trace it as a child of the batch's span, with duplicates."""
         if self._metering:
-            seconds = max(0, step.ended - step.started) / 1e9
-            self._steps[step.name].record(seconds, {sc.TOPIC: step.topic})
+            self._meters.step(step)
         opened = self._open.get((step.topic, step.partition))
         if opened is None:
             return
@@ -249,20 +217,7 @@ class Telemetry(Middleware):
         error: BaseException | None,
     ) -> None:
         """Count the outcome and end the span (an error status when the batch stopped)."""
-        labels = {sc.TOPIC: topic}
-        self._applied.add(result.applied, labels)
-        self._duplicates.add(result.duplicates, labels)
-        self._dead_lettered.add(result.dead_lettered, labels)
-        failure = result.failure
-        cause = error if error is not None else (None if failure is None else failure.error)
-        if failure is not None:
-            self._failures.add(1, {**labels, sc.KIND: failure.kind})
-            if failure.dead_letter_topic is not None:
-                self._undeliverable.add(
-                    1, {sc.TOPIC: failure.dead_letter_topic, sc.SOURCE_TOPIC: topic}
-                )
-        elif error is not None:
-            self._failures.add(1, {**labels, sc.KIND: "error"})
+        self._meters.settled(topic, result, error)
         opened = self._open.pop((topic, partition), None)
         if opened is None:
             return
@@ -275,6 +230,8 @@ class Telemetry(Middleware):
                 sc.DEAD_LETTERED: result.dead_lettered,
             }
         )
+        failure = result.failure
+        cause = error if error is not None else (None if failure is None else failure.error)
         if cause is not None:
             span.set_status(trace.Status(trace.StatusCode.ERROR, describe(cause)))
             span.set_attribute(sc.ERROR_TYPE, error_type(cause))
@@ -324,19 +281,14 @@ class Telemetry(Middleware):
             if token is not None:
                 context.detach(token)
             if self._metering:
-                # Not the partition: it would multiply the histogram's series.
-                labels = self._metric_labels(sc.PROCESS, topic)
-                if error is not None:
-                    labels = {**labels, sc.ERROR_TYPE: error_type(error)}
-                self._process.record(time.perf_counter() - started, labels)
+                self._meters.processed(topic, time.perf_counter() - started, error)
             if span is not None:
                 if error is not None:
                     mark_failed(span, error)
                 span.end()
 
-    # -- attributes --
-
     def _where(self, topic: str, partition: int) -> Attributes:
+        """The attributes every span of a partition carries."""
         attributes: Attributes = {
             sc.MESSAGING_SYSTEM: sc.KAFKA,
             sc.DESTINATION: topic,
@@ -345,21 +297,3 @@ class Telemetry(Middleware):
         if self._group is not None:
             attributes[sc.CONSUMER_GROUP] = self._group
         return attributes
-
-    def _metric_labels(self, operation: str, topic: str) -> Attributes:
-        found = self._labels.get((operation, topic))
-        if found is None:
-            found = {sc.MESSAGING_SYSTEM: sc.KAFKA, sc.OPERATION_NAME: operation}
-            found[sc.DESTINATION] = topic
-            if self._group is not None:
-                found[sc.CONSUMER_GROUP] = self._group
-            self._labels[(operation, topic)] = found
-        return found
-
-
-def _lags(group: str, board: LagBoard) -> list[Observation]:
-    """``kinbox.consumer.lag`` of one worker: a point per assigned partition."""
-    return [
-        Observation(lag, {sc.GROUP: group, sc.TOPIC: topic, sc.PARTITION_LABEL: str(partition)})
-        for (topic, partition), lag in sorted(board.read().items())
-    ]
