@@ -215,10 +215,11 @@ def redelivered(
     partition in offset order from the committed offset, so where it wrote
     an effect it went through everything below it.
 
-    An exactly-once member that wrote no effect at all re-applied only
-    records already applied (its claim suppressed them all), which leaves no
-    trace in the table: then everything past the committed offsets (``reached``)
-    is counted, as a restarted member with the backlog in hand re-reads it.
+    An exactly-once member whose own effects are all below the committed
+    offsets was killed after a batch its claim suppressed whole (a repeat of
+    an earlier member's batch), which leaves no trace in the table: then
+    everything past the committed offsets (``reached``) is counted, as a
+    restarted member with the backlog in hand re-reads it.
 
     Args:
         reached: :func:`frontier` of every effect.
@@ -226,6 +227,7 @@ def redelivered(
         committed: the group's committed offsets after the kill.
         exactly_once: the contender suppresses duplicates (so writes no effect for them).
     """
-    if own or not exactly_once:
-        return gap(own, committed)
+    mine = gap(own, committed)
+    if mine or not exactly_once:
+        return mine
     return gap(reached, committed)
