@@ -30,6 +30,7 @@ The layout follows a record through the worker::
 ``kafka/``        the Kafka seam and confluent-kafka behind it
 ``params/``       what a handler's parameters get: typed payloads, sessions (driver-free)
 ``middleware/``   layers around workers, batches and handler calls; telemetry
+``otel/``         OpenTelemetry names, W3C trace context, the SDK from ``OTEL_*`` (shared)
 ``ops/``          the worker process: signals, shutdown, ``--processes N``;
                   health endpoints, status, explain, retention guards, logs
 ``cli/``          the ``kinbox`` command, one module per command group
@@ -39,7 +40,8 @@ The layout follows a record through the worker::
 ================  ==============================================================
 
 Only ``kafka/`` imports confluent-kafka, only ``store/`` (and
-``producer_outbox``) psycopg, only ``middleware.telemetry`` OpenTelemetry;
+``producer_outbox``) psycopg, only ``otel/`` and the telemetry middleware
+(and ``producer_outbox``'s trace context) OpenTelemetry;
 ``tests/unit/test_layering.py`` checks that the core loads none of them and
 that no import circle forms.
 

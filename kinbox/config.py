@@ -63,6 +63,18 @@ at another offset); ``fail`` stops the worker with an error, committing
 nothing past the record.
 """
 
+TRACE_CONTEXT_MODES = ("auto", "parent", "link")
+"""Values of ``trace_context``: how a handler's span relates to the producer's trace.
+
+``parent`` makes the record's trace context (its ``traceparent`` header) the
+parent of the ``process`` span, so one trace runs from the producer to the
+handler; ``link`` keeps the span in the worker's own trace (under the
+partition batch's span) and links the producer's context; ``auto`` (the
+default) is ``parent`` for per-event handlers and ``link`` for batch
+handlers, whose events come from many traces (a span has one parent). Either
+way the span links the producer's context.
+"""
+
 
 @dataclass(frozen=True, repr=False)
 class Settings:
@@ -89,6 +101,10 @@ class Settings:
     """Port of ``/livez`` and ``/readyz`` (:mod:`kinbox.ops.health`); 0: no endpoints."""
     live_timeout: float = 0.0
     """Seconds without a poll before ``/livez`` fails; 0: ``effective_max_poll_interval``."""
+    trace_context: str = "auto"
+    """How a handler's span relates to the producer's trace: ``parent``, ``link`` or ``auto``."""
+    metrics_port: int = 0
+    """Port of the Prometheus ``/metrics`` endpoint (the ``otel`` extra); 0: none."""
     kafka_overrides: Mapping[str, str] = field(default_factory=dict)
 
     def validate(self) -> Settings:
@@ -138,6 +154,10 @@ class Settings:
             _bad("health_port", self.health_port, "0 (off) or a TCP port 1..65535")
         if not self.live_timeout >= 0:
             _bad("live_timeout", self.live_timeout, "0 (max_poll_interval) or seconds > 0")
+        if self.trace_context not in TRACE_CONTEXT_MODES:
+            _bad("trace_context", self.trace_context, " | ".join(TRACE_CONTEXT_MODES))
+        if not 0 <= self.metrics_port <= 65535:
+            _bad("metrics_port", self.metrics_port, "0 (no endpoint) or a TCP port, 1..65535")
         if self.pool_size < 1:
             _bad("pool_size", self.pool_size, "1 or more")
         for key in self.kafka_overrides:
@@ -179,11 +199,14 @@ class Settings:
         as it is, every one but the last to join would be fenced. Each member
         gets ``<id>-<index>`` instead, the same on every restart, so static
         membership keeps working (a restarted member takes its place back).
-        Health endpoints, one port each, are on ``health_port + index``.
+        Health and metrics endpoints, one port each, are on ``port + index``
+        (N processes cannot share one port).
         """
         changes: dict[str, Any] = {}
         if self.health_port:
             changes["health_port"] = self.health_port + index
+        if self.metrics_port:
+            changes["metrics_port"] = self.metrics_port + index
         instance = self.kafka_overrides.get("group.instance.id")
         if instance:
             changes["kafka_overrides"] = {

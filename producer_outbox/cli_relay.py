@@ -11,6 +11,7 @@ import click
 
 from kinbox.ops.health import Health, HealthServer
 from kinbox.ops.logs import configure as configure_logs
+from kinbox.otel.setup import configure as configure_telemetry
 from kinbox.store.probe import ping
 from producer_outbox.cli_support import (
     connect,
@@ -54,6 +55,14 @@ log = logging.getLogger("producer_outbox")
     "batch (a publish waits up to message.timeout.ms) [env KINBOX_LIVE_TIMEOUT].",
 )
 @click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    envvar="KINBOX_METRICS_PORT",
+    default=0,
+    help="Serve Prometheus metrics at :PORT/metrics (needs kinbox[otel]; 0: none) "
+    "[env KINBOX_METRICS_PORT]. Tracing and metrics also follow OTEL_*.",
+)
+@click.option(
     "--log-level",
     default=None,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
@@ -80,12 +89,17 @@ def relay(
     source: str | None,
     health_port: int,
     live_timeout: float,
+    metrics_port: int,
     log_level: str | None,
     log_format: str | None,
 ) -> None:
     """Publish committed outbox rows to Kafka until SIGTERM/SIGINT."""
     # Given here, they win over the kinbox group's; else that one's stand.
     configure_logs(log_level, log_format or "text", force=bool(log_level or log_format))
+    # Before the relay is made: its telemetry sees the SDK this sets up.
+    turned_on = configure_telemetry("kinbox-outbox-relay", metrics_port)
+    if turned_on:
+        log.info("OpenTelemetry: %s", "; ".join(turned_on))
     config = RelayConfig(
         database_url=database_url,
         schema=schema,

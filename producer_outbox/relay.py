@@ -81,7 +81,7 @@ import psycopg
 from kinbox.failpoints import failpoint
 from producer_outbox import claim as store
 from producer_outbox import topics
-from producer_outbox.batch import Settlement, publish, settle
+from producer_outbox.batch import Settlement, settle
 from producer_outbox.cleanup import delete_sent
 from producer_outbox.config import RelayConfig
 from producer_outbox.lanes import LaneOwner
@@ -90,6 +90,7 @@ from producer_outbox.records import to_record
 from producer_outbox.retention import TopicRetention, floor
 from producer_outbox.schedule import Scheduler
 from producer_outbox.schema import notify_channel
+from producer_outbox.telemetry import RelayTelemetry
 
 __all__ = ["Relay", "RelayConfig"]
 
@@ -129,12 +130,14 @@ class Relay:
         connect: Callable[[], Connection] | None = None,
         observer: RelayObserver | None = None,
         topic_retention: TopicRetention | None = None,
+        telemetry: RelayTelemetry | None = None,
     ) -> None:
         self.config = config.validate()
         # With it, sent rows outlive their records on the broker (:mod:`.retention`).
         self._topic_retention = topic_retention
         self._observer: RelayObserver = observer or _Unobserved()
         self._publisher = publisher
+        self._telemetry = telemetry or RelayTelemetry(self.config.schema)
         self._connect = connect or (lambda: psycopg.connect(config.database_url, autocommit=True))
         self._stopping = False
         # Upkeep between batches; a lost connection passes through to run(),
@@ -142,6 +145,9 @@ class Relay:
         # reconnect: its first run is right after the start.
         self._upkeep: Scheduler[Connection] = Scheduler(propagate=(psycopg.OperationalError,))
         self._upkeep.add("cleanup", self.config.cleanup_interval, self._cleanup)
+        if self._telemetry.metering:
+            # The outbox's gauges (backlog, parked, oldest): only read for an SDK.
+            self._upkeep.add("metrics", self.config.metrics_interval, self._telemetry.refresh)
         # Rounds of the lanes in a row that met an outage and reached Kafka with
         # nothing: the outage's backoff grows with it.
         self._outages = 0
@@ -225,7 +231,8 @@ class Relay:
             if not rows:
                 return 0
             records = [to_record(row, source=self.config.source) for row in rows]
-            outcomes = publish(self._publisher, rows, records)
+            # Spans (for rows enqueued in a trace) and counts around the publish.
+            outcomes = self._telemetry.publish(self._publisher, rows, records)
             # Crash test: acked by Kafka, not yet marked: a restart must re-publish.
             failpoint("relay_after_publish")
             result = settle(

@@ -36,6 +36,14 @@ a handler. Like every outbox column a CDC connector may publish as a header,
 they have no ``DEFAULT`` (Debezium would publish a NULL as the default's
 value, KAFKA-8713).
 
+Step 4 adds ``traceparent`` and ``tracestate``: the W3C trace context that
+was current when the row was enqueued (:mod:`producer_outbox.trace_context`),
+NULL when there was none. The relay continues that trace and puts both on
+the record as headers; Debezium's router does the same from the columns.
+They have no ``DEFAULT`` on purpose: Debezium records a column's default in
+the Connect schema, and Kafka Connect then reads a NULL as that default
+(KAFKA-8713), so an untraced row would be published with a bogus header.
+
 Bytes payloads live in their own ``bytea`` column so they round-trip exactly
 (no base64 convention a consumer must know); a CDC connector only routes
 ``payload``, so bytes rows are relay-only.
@@ -140,7 +148,20 @@ def _add_cause(schema: sql.Identifier) -> Sequence[sql.Composed | sql.SQL]:
     ]
 
 
-OUTBOX = Component("outbox", [_create_table, _publish_order_and_failing_topics, _add_cause])
+def _add_trace_context(schema: sql.Identifier) -> Sequence[sql.Composed | sql.SQL]:
+    return [
+        # Nullable, no DEFAULT (see the module docstring): adding them rewrites nothing.
+        sql.SQL(
+            "ALTER TABLE {}.outbox ADD COLUMN IF NOT EXISTS traceparent text,"
+            " ADD COLUMN IF NOT EXISTS tracestate text"
+        ).format(schema),
+    ]
+
+
+OUTBOX = Component(
+    "outbox",
+    [_create_table, _publish_order_and_failing_topics, _add_cause, _add_trace_context],
+)
 """The outbox component: ``kinbox migrate`` applies it next to the inbox's."""
 
 

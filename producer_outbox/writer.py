@@ -5,6 +5,10 @@ take effect at the caller's COMMIT and vanish with a ROLLBACK, so a rolled-back
 business transaction leaves no row and wakes no relay. PostgreSQL folds equal
 notifications of one transaction into one, so enqueueing many events in a
 transaction costs one wake-up.
+
+When a span is current, the row also stores its W3C trace context
+(``traceparent``, ``tracestate``; :mod:`producer_outbox.trace_context`), so
+the relay and the consumer continue the business transaction's trace.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from psycopg.types.json import Jsonb
 from kinbox.cause import current as current_cause
 from kinbox.errors import ConfigurationError, PayloadError, StoreError
 from kinbox.names import sql_identifier, topic_name
+from producer_outbox import trace_context
 from producer_outbox.debezium import CDC_CONSTRAINT
 from producer_outbox.schema import notify_channel
 
@@ -38,7 +43,12 @@ _CAUSE_COLUMNS = sql.SQL(", caused_by_consumer, caused_by_event_id")
 _CAUSE_VALUES = sql.SQL(", %s, %s")
 
 #: Header names the relay sets itself; a stored header may not shadow them.
-RESERVED_HEADERS = frozenset({"event-id", "ce_id", "ce_type", "ce_source", "ce_specversion"})
+RESERVED_HEADERS = frozenset(
+    {"event-id", "ce_id", "ce_type", "ce_source", "ce_specversion", *trace_context.COLUMNS.values()}
+)
+
+_TRACE_COLUMNS = sql.SQL(", traceparent, tracestate")
+_TRACE_VALUES = sql.SQL(", %s, %s")
 
 _MAX_KEY_BYTES = 1024
 # json.dumps writes U+0000 as the escape \u0000 (after an even number of backslashes).
@@ -89,27 +99,31 @@ def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     return checked
 
 
-# (host, port, database, schema) -> whether its outbox has the cause columns.
-_CAUSE_COLUMNS_FOUND: dict[tuple[str, int, str, str], bool] = {}
+# (host, port, database, schema, columns) -> whether its outbox has those columns.
+_COLUMNS_FOUND: dict[tuple[str, int, str, str, tuple[str, ...]], bool] = {}
+_CAUSE_NAMES = ("caused_by_consumer", "caused_by_event_id")
+_TRACE_NAMES = tuple(trace_context.COLUMNS)
 
 
-def _links_cause(conn: psycopg.Connection[Any] | psycopg.Cursor[Any], schema: str) -> bool:
-    """Whether the outbox in ``schema`` has the cause columns (asked once per process).
+def _has_columns(
+    conn: psycopg.Connection[Any] | psycopg.Cursor[Any], schema: str, names: tuple[str, ...]
+) -> bool:
+    """Whether the outbox in ``schema`` has every column of ``names`` (asked once per process).
 
-    The link is bookkeeping and must never fail an enqueue: an outbox not yet
-    migrated to version 3 (in a schema ``kinbox migrate`` has not reached)
-    simply records no cause.
+    What those columns hold (the trace context, the inbox event that caused
+    the row) is bookkeeping and must never fail an enqueue: an outbox not yet
+    migrated (new code deployed before ``kinbox migrate``) simply records none.
     """
     info = conn.connection.info if isinstance(conn, psycopg.Cursor) else conn.info
-    where = (info.host, info.port, info.dbname, schema)
-    found = _CAUSE_COLUMNS_FOUND.get(where)
+    where = (info.host, info.port, info.dbname, schema, names)
+    found = _COLUMNS_FOUND.get(where)
     if found is None:
         row = conn.execute(
-            "SELECT count(*) = 2 FROM pg_attribute WHERE attrelid = to_regclass(%s)"
-            " AND attname IN ('caused_by_consumer', 'caused_by_event_id') AND NOT attisdropped",
-            (f"{sql_identifier(schema, setting='schema')}.outbox",),
+            "SELECT count(*) = %s FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attname = ANY(%s) AND NOT attisdropped",
+            (len(names), f"{sql_identifier(schema, setting='schema')}.outbox", list(names)),
         ).fetchone()
-        found = _CAUSE_COLUMNS_FOUND[where] = bool(row and row[0])
+        found = _COLUMNS_FOUND[where] = bool(row and row[0])
     return found
 
 
@@ -180,14 +194,23 @@ def enqueue(
         raw_payload,
         Jsonb(stored_headers),
     )
-    # Inside a kinbox handler: which inbox event this row is for. Only then
-    # are the cause columns named, so a plain producer's INSERT is unchanged.
+    # The optional columns are named only when there is something to store,
+    # so a plain, untraced producer's INSERT is the one it always was: the
+    # trace context current at enqueue, and, inside a kinbox handler, which
+    # inbox event this row is for.
+    columns: list[sql.Composable] = []
+    values: list[sql.Composable] = []
+    traced = trace_context.current()
+    if traced is not None and _has_columns(conn, schema, _TRACE_NAMES):
+        columns.append(_TRACE_COLUMNS)
+        values.append(_TRACE_VALUES)
+        params += traced
     cause = current_cause()
-    if cause is None or not _links_cause(conn, schema):
-        statement = sql.SQL(_INSERT).format(schema_id, sql.SQL(""), sql.SQL(""))
-    else:
-        statement = sql.SQL(_INSERT).format(schema_id, _CAUSE_COLUMNS, _CAUSE_VALUES)
+    if cause is not None and _has_columns(conn, schema, _CAUSE_NAMES):
+        columns.append(_CAUSE_COLUMNS)
+        values.append(_CAUSE_VALUES)
         params += (cause.consumer, cause.event_id)
+    statement = sql.SQL(_INSERT).format(schema_id, sql.Composed(columns), sql.Composed(values))
     params += (notify_channel(schema),)
     try:
         conn.execute(statement, params)

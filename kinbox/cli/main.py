@@ -131,6 +131,19 @@ def main(ctx: click.Context, log_level: str, log_format: str) -> None:
     "[KINBOX_LIVE_TIMEOUT].",
 )
 @click.option(
+    "--trace-context",
+    type=click.Choice(["auto", "parent", "link"]),
+    help="How a handler's span relates to the producer's trace: parent (continue it), link "
+    "(stay in the worker's trace, link it), auto (default: parent for per-event handlers, "
+    "link for batch handlers) [KINBOX_TRACE_CONTEXT].",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics at :PORT/metrics (needs kinbox[otel]; member i of "
+    "--processes N uses PORT+i) [KINBOX_METRICS_PORT].",
+)
+@click.option(
     "-X",
     "kafka",
     multiple=True,

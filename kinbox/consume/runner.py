@@ -28,6 +28,7 @@ from kinbox.consume.backoff import Backoff
 from kinbox.consume.breaker import Breaker
 from kinbox.consume.envelope import Record
 from kinbox.consume.inflight import InFlight, Results
+from kinbox.consume.lag import LagBoard
 from kinbox.consume.offsets import Offsets
 from kinbox.errors import ConfigurationError, FatalTransportError, TransportError
 from kinbox.kafka.base import Partition, Publisher, Transport
@@ -53,6 +54,8 @@ class Runner:
         publisher: where dead letters go (closed by :meth:`run`).
         dead_letter_limits: record size limit per dead-letter topic (see
             :func:`kinbox.kafka.admin.check_dead_letter_topics`).
+        lag: the consumer's lag per partition, filled by ``transport``;
+            handed to the middleware (:class:`~kinbox.middleware.base.WorkerInfo`).
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class Runner:
         clock: Callable[[], float] = time.monotonic,
         publisher: Publisher | None = None,
         dead_letter_limits: Mapping[str, int] | None = None,
+        lag: LagBoard | None = None,
     ) -> None:
         if not app.routes:
             raise ConfigurationError(f"{app!r} has no handlers: decorate one with @handler")
@@ -73,6 +77,7 @@ class Runner:
         self._transport = transport
         self._store = store
         self._publisher = publisher
+        self._lag = lag
         self._processor = BatchProcessor(
             app.routes,
             store,
@@ -122,7 +127,9 @@ class Runner:
                 already committed stay valid; a restart resumes from them.
             TransportError: Kafka refused the subscription.
         """
-        worker = WorkerInfo(self._settings.group_id, tuple(self._app.topics))
+        worker = WorkerInfo(
+            self._settings.group_id, tuple(self._app.topics), self._settings, self._lag
+        )
         chain = Chain(self._app.middleware)
         try:
             chain.before_worker_start(worker)

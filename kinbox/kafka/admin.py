@@ -101,9 +101,11 @@ def check_dead_letter_topics(
     missing = sorted({dlq for dlq in targets.values() if dlq not in topics})
     sources = sorted(set(targets) | set(targets.values()))
     limits = _max_bytes(admin, [t for t in sources if t in topics], deadline)
-    created = _create(admin, missing, targets, topics, limits, deadline)
-    _wait_until_known(admin, created, deadline)
-    limits.update(_max_bytes(admin, created, deadline))
+    created, meanwhile = _create(admin, missing, targets, topics, limits, deadline)
+    # A topic another member created meanwhile (members of one worker start
+    # together) is as new as one created here: the cluster may not know it yet.
+    _wait_until_known(admin, created + meanwhile, deadline)
+    limits.update(_max_bytes(admin, created + meanwhile, deadline))
     _check_writable(admin, sorted(set(targets.values())), deadline)
     found = {}
     for source, dlq in targets.items():
@@ -201,9 +203,10 @@ def _create(
     partitions: Mapping[str, int],
     limits: Mapping[str, int],
     deadline: float,
-) -> list[str]:
+) -> tuple[list[str], list[str]]:
+    """Create the ``missing`` topics; return those created and those another client created."""
     if not missing:
-        return []
+        return [], []
     source_of = {dlq: source for source, dlq in targets.items()}
     new = []
     for dlq in missing:
@@ -213,14 +216,16 @@ def _create(
             config[_MAX_BYTES] = str(limits[source] + HEADROOM_BYTES)
         # -1: the broker's defaults (num.partitions, default.replication.factor).
         new.append(NewTopic(dlq, partitions.get(source, -1), -1, config=config))
-    created = []
+    created: list[str] = []
+    meanwhile: list[str] = []
     for name, future in admin.create_topics(new, request_timeout=_remaining(deadline)).items():
         try:
             future.result(timeout=_remaining(deadline))
         except KafkaException as exc:
             err = _error(exc)
             if err is not None and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                continue  # another member created it meanwhile
+                meanwhile.append(name)  # another member created it meanwhile
+                continue
             if err is not None and err.code() in _REFUSED:
                 raise ConfigurationError(
                     f"dead-letter topic {name!r} (of {source_of[name]!r}) does not exist and "
@@ -230,7 +235,7 @@ def _create(
             raise translate(f"creating dead-letter topic {name!r}", exc) from exc
         log.info("created dead-letter topic %r for %r", name, source_of[name])
         created.append(name)
-    return created
+    return created, meanwhile
 
 
 def _error(exc: KafkaException) -> KafkaError | None:

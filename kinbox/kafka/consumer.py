@@ -36,15 +36,23 @@ from confluent_kafka import (
 from kinbox import describe as text
 from kinbox.config import Settings
 from kinbox.consume.envelope import Record
+from kinbox.consume.lag import LagBoard
 from kinbox.errors import FatalTransportError
 from kinbox.kafka.base import Partition, RebalanceListener
 from kinbox.kafka.errors import ClientLog, broken, create_client, describe, is_fatal, translate
+from kinbox.kafka.stats import DEFAULT_INTERVAL_MS, on_stats
 
 log = logging.getLogger(__name__)
 
 
-def consumer_config(settings: Settings) -> dict[str, Any]:
-    """Return the librdkafka configuration for ``settings``; ``-X`` overrides win."""
+def consumer_config(settings: Settings, lag: LagBoard | None = None) -> dict[str, Any]:
+    """Return the librdkafka configuration for ``settings``; ``-X`` overrides win.
+
+    With ``lag``, librdkafka reports its statistics every
+    :data:`~kinbox.kafka.stats.DEFAULT_INTERVAL_MS` (``-X
+    statistics.interval.ms`` changes it, 0 turns it off) and each report's
+    partition lags go to the board.
+    """
     overrides = dict(settings.kafka_overrides)
     config: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
@@ -68,6 +76,9 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         # Cooperative: a rebalance moves only the partitions that change
         # owner, so the others keep flowing.
         config["partition.assignment.strategy"] = "cooperative-sticky"
+    if lag is not None:
+        config["statistics.interval.ms"] = DEFAULT_INTERVAL_MS
+        config["stats_cb"] = on_stats(lag.update)
     config.update(overrides)
     return config
 
@@ -75,13 +86,18 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
 class KafkaTransport:
     """:class:`Transport` on a confluent-kafka ``Consumer``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, lag: LagBoard | None = None) -> None:
         """Create the consumer (it joins the group at :meth:`subscribe`).
+
+        Args:
+            settings: the worker's settings.
+            lag: where each statistics report's partition lags go (see
+                :func:`consumer_config`); ``None``: no statistics.
 
         Raises:
             ConfigurationError: librdkafka refused the configuration (``-X``).
         """
-        config = consumer_config(settings)
+        config = consumer_config(settings, lag)
         self._log = ClientLog(config["logger"])
         config["logger"] = self._log
         self._consumer = create_client(Consumer, config, "the consumer")

@@ -22,12 +22,15 @@ from typing import Any
 
 from kinbox.app import App, default_app
 from kinbox.config import Settings
+from kinbox.consume.lag import LagBoard
 from kinbox.consume.runner import Runner
 from kinbox.errors import ConfigurationError
 from kinbox.kafka import KafkaPublisher, KafkaTransport
 from kinbox.kafka.admin import check_dead_letter_topics
 from kinbox.kafka.base import Transport
 from kinbox.ops.health import Health, HealthServer, ObservedTransport
+from kinbox.otel.instruments import metrics_on
+from kinbox.otel.setup import configure as configure_telemetry
 from kinbox.store.postgres import PostgresInboxStore
 from kinbox.store.probe import ping
 
@@ -79,14 +82,25 @@ def resolve(target: str, flags: Mapping[str, Any], env: Mapping[str, str]) -> tu
 def run(app: App, settings: Settings) -> None:
     """Run one group member in this process until a signal stops it.
 
+    OpenTelemetry's SDK is set up first, from ``OTEL_*`` and
+    ``settings.metrics_port`` (:mod:`kinbox.otel.setup`), so the middleware
+    made below sees it.
+
     Raises:
-        ConfigurationError: librdkafka refused the configuration.
+        ConfigurationError: librdkafka refused the configuration, or the
+            telemetry asked for cannot be set up.
         FatalTransportError: the consumer failed fatally.
     """
+    turned_on = configure_telemetry("kinbox-worker", settings.metrics_port)
+    if turned_on:
+        log.info("OpenTelemetry: %s", "; ".join(turned_on))
+    # The consumer's lag comes from librdkafka's statistics: only asked for
+    # when an SDK takes the measurements.
+    lag = LagBoard() if metrics_on() else None
     # The Kafka clients first: creating them checks the librdkafka
     # configuration and connects to nothing, so a bad -X is reported as such
     # even while the database is unreachable.
-    transport = KafkaTransport(settings)
+    transport = KafkaTransport(settings, lag)
     store = PostgresInboxStore(
         settings.database_url,
         schema=settings.schema,
@@ -113,7 +127,9 @@ def run(app: App, settings: Settings) -> None:
         raise
     health = _serve_health(settings)
     observed: Transport = transport if health is None else ObservedTransport(transport, health[0])
-    runner = Runner(app, settings, observed, store, publisher=publisher, dead_letter_limits=limits)
+    runner = Runner(
+        app, settings, observed, store, publisher=publisher, dead_letter_limits=limits, lag=lag
+    )
     _install_signals(runner, settings.shutdown_timeout)
     log.info("starting with %r", settings)
     try:

@@ -18,6 +18,8 @@ from tests.support.database import terminate_open_transactions
 from tests.support.fault_run import Run
 from tests.support.faultproxy import FaultProxy
 from tests.support.scenario import scenario
+from tests.support.waiting import wait_for
+from tests.support.workers import read_deliveries
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +37,27 @@ def fault_database_url(postgres: PostgresServer) -> str:
 @scenario("4a", "postgres restart", fault="pg restart -m immediate")
 def test_postgres_immediate_restart_mid_stream(run: Run, postgres: PostgresServer) -> None:
     produced = run.produce()
+    # The crash must meet an open transaction, whatever the machine's load: a
+    # restart that fell between two batches (or after the last) could be met
+    # by the pool's next connection without any failure to see. So one event
+    # mid-stream is held inside its transaction until the server is back.
+    held = f"{run.group}-ev-{run.rng.randint(20, len(produced.records) // 2)}"
+    gate = run.log_dir / "gate"
+    env = {
+        "FAULT_SLEEP": "0.005",
+        "FAULT_SLOW_IDS": held,
+        "FAULT_SLOW_SECONDS": "60",  # a safety net: the gate opens long before
+        "FAULT_GATE": str(gate),
+    }
     with run.sampling():
-        # Given a worker applying events (5 ms each, inside the transaction)
-        worker = run.factory.start("victim", env={"FAULT_SLEEP": "0.005"})
-        run.wait_handler_calls(run.rng.randint(20, len(produced.records) // 2))
+        # Given a worker applying events (5 ms each, inside the transaction),
+        # its transaction open on one of them
+        worker = run.factory.start("victim", env=env)
+        wait_for(lambda: held in read_deliveries(run.log_dir).holds, 60, f"{held} held")
         # When the server crashes (SIGQUIT: every session aborted) and comes back
         postgres.restart(immediate=True)
-        # Then the same worker recovers and commits everything
+        gate.touch()
+        # Then the same worker sees the failure, recovers and commits everything
         run.wait_caught_up(worker)
         assert "failure at" in worker.log(), "the fault went unnoticed\n" + worker.log_tail()
         assert worker.stop() == 0, worker.log_tail()

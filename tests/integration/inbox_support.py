@@ -128,17 +128,29 @@ def start_worker(
     kafka: Mapping[str, str | None] | None = None, env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:  # fmt: skip
     """``kinbox worker tests.integration.inbox_app:app`` as a real process (fast timings)."""
-    environ = {
-        **os.environ,
+    environ = worker_env(
+        bootstrap, database_url, topic, group, schema,
+        KINBOX_FAILPOINTS=failpoints, INBOX_TEST_SLEEP=str(sleep), **(env or {}),
+    )  # fmt: skip
+    argv = worker_argv(APP, ["--processes", str(processes)], FAST_GROUP if kafka is None else kafka)
+    return subprocess.Popen(argv, cwd=ROOT, env=environ)
+
+
+def worker_env(
+    bootstrap: str, database_url: str, topic: str, group: str, schema: str, **extra: str
+) -> dict[str, str]:
+    """The environment of a ``kinbox worker`` of a test app: fast timings, ``extra`` on top.
+
+    The test run's own ``OTEL_*`` are left out: a worker's telemetry is what
+    its test gives it.
+    """
+    return {
+        **{name: value for name, value in os.environ.items() if not name.startswith("OTEL_")},
         **timing_env(),
         "KINBOX_BOOTSTRAP_SERVERS": bootstrap,
         "KINBOX_DATABASE_URL": database_url,
         "KINBOX_GROUP_ID": group,
         "KINBOX_SCHEMA": schema,
-        "KINBOX_FAILPOINTS": failpoints,
         "INBOX_TEST_TOPIC": topic,
-        "INBOX_TEST_SLEEP": str(sleep),
-        **(env or {}),
+        **extra,
     }
-    argv = worker_argv(APP, ["--processes", str(processes)], FAST_GROUP if kafka is None else kafka)
-    return subprocess.Popen(argv, cwd=ROOT, env=environ)

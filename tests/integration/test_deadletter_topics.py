@@ -9,6 +9,7 @@ the dead-letter topic, with the ``kinbox.dlq.*`` headers cut to fit.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,10 +27,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
+from kinbox.config import Settings
 from kinbox.devstack.kafka import KafkaBroker
 from kinbox.devstack.stack import Stack
 from kinbox.errors import ServiceError
-from kinbox.kafka.admin import HEADROOM_BYTES
+from kinbox.kafka.admin import HEADROOM_BYTES, DeadLetterTopic, check_dead_letter_topics
 from tests.conftest import cannot_start
 from tests.support.database import prepare_schema
 from tests.support.records import committed, read_topic
@@ -109,6 +111,47 @@ def test_a_missing_dead_letter_topic_is_created_with_room_for_the_largest_source
     assert len(letters) == 1 and letters[0].value == b"x" * 59_000
     assert letters[0].header("kinbox.dlq.reason") == "handler-error"
     assert letters[0].header("kinbox.dlq.error.message"), letters[0].headers
+
+
+def start_together(settings: Settings, source: str, members: int) -> list[DeadLetterTopic]:
+    """Run the start-up check of ``members`` members at the same moment; what each found."""
+    start = threading.Barrier(members)
+    found: list[DeadLetterTopic] = []
+    failed: list[BaseException] = []
+
+    def member() -> None:
+        start.wait(30)
+        try:
+            found.extend(check_dead_letter_topics(settings, {source: f"{source}.dlq"}).values())
+        except BaseException as exc:
+            failed.append(exc)
+
+    threads = [threading.Thread(target=member) for _ in range(members)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not failed, failed
+    return found
+
+
+def test_members_starting_together_all_pass_the_check_of_a_missing_dead_letter_topic(
+    stack: Stack,
+) -> None:
+    settings = Settings(
+        bootstrap_servers=stack.bootstrap_servers, database_url=stack.database_url,
+        group_id="dl-start",
+    ).validate()  # fmt: skip
+    # A few rounds: the race is between one member's CreateTopics and the others' reads.
+    for _ in range(4):
+        # Given the members of one worker starting at the same moment, each
+        # checking a dead-letter topic that does not exist yet
+        source = create_topic(stack.bootstrap_servers, partitions=2, prefix="dl")
+        # When they check it, Then every one passes (a topic another member
+        # created a moment ago is waited for, never a failed start) and one created it
+        found = start_together(settings, source, members=3)
+        assert len(found) == 3 and sum(topic.created for topic in found) == 1, found
+        assert topic_config(stack.bootstrap_servers, f"{source}.dlq")[0] == 2
 
 
 def test_headers_are_cut_to_fit_a_dead_letter_topic_that_is_barely_large_enough(

@@ -111,8 +111,24 @@ class Run:
         return read_deliveries(self.log_dir).handler_calls
 
     def wait_handler_calls(self, count: int, timeout: float = 60.0) -> None:
-        """Wait until the handlers ran ``count`` times (the fault should land mid-stream)."""
-        wait_for(lambda: self.handler_calls() >= count, timeout, f"{count} handler calls")
+        """Wait until the handlers ran ``count`` times (the fault should land mid-stream).
+
+        Fails at once if every worker of the round has exited, and with the
+        workers' log tails either way: a wait that times out must say whether
+        the worker was stuck (and where) or merely slow.
+        """
+        running = [w for w in self.factory.started if w.proc.poll() is None]
+
+        def reached() -> bool:
+            if running and all(w.proc.poll() is not None for w in running):
+                raise AssertionError(f"every worker exited before {count} handler calls")
+            return self.handler_calls() >= count
+
+        try:
+            wait_for(reached, timeout, f"{count} handler calls")
+        except AssertionError as exc:
+            tails = "\n".join(w.log_tail() for w in running)
+            raise AssertionError(f"{exc} (made {self.handler_calls()})\n{tails}") from None
 
     def finish(
         self, drain_timeout: float = 90.0, drain_args: Sequence[str] = (),

@@ -32,6 +32,7 @@ from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import KafkaPublisher, producer_config
 from producer_outbox.relay import Relay
 from producer_outbox.schema import OUTBOX
+from producer_outbox.telemetry import RelayTelemetry
 from tests.support.database import Conn
 from tests.support.launch import ROOT
 from tests.support.records import Produced
@@ -171,13 +172,14 @@ def running_relay(
     *,
     kafka: dict[str, str] | None = None,
     bootstrap_servers: str | None = None,
+    telemetry: RelayTelemetry | None = None,
     **overrides: Any,
 ) -> Iterator[Relay]:
     """Run an in-process relay in a thread; stop it gracefully on exit."""
     publisher = KafkaPublisher(
         producer_config(bootstrap_servers or stack.bootstrap_servers, kafka or {})
     )
-    relay = Relay(relay_config(stack, schema, **overrides), publisher)
+    relay = Relay(relay_config(stack, schema, **overrides), publisher, telemetry=telemetry)
     errors: list[BaseException] = []
 
     def target() -> None:

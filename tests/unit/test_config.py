@@ -133,3 +133,12 @@ def test_each_member_gets_its_own_static_instance_id() -> None:
     # Without static membership nothing changes
     dynamic = valid().validate()
     assert dynamic.for_member(1) is dynamic
+
+
+def test_each_member_serves_its_metrics_on_a_port_of_its_own() -> None:
+    s = Settings(database_url="x", group_id="g", metrics_port=9464).validate()
+    assert [s.for_member(i).metrics_port for i in range(3)] == [9464, 9465, 9466]
+    assert Settings(database_url="x", group_id="g").for_member(2).metrics_port == 0
+    with pytest.raises(ConfigurationError, match="metrics_port=70000"):
+        Settings(database_url="x", group_id="g", metrics_port=70000).validate()
+    assert Settings.load(env={"KINBOX_METRICS_PORT": "9100"}).metrics_port == 9100
