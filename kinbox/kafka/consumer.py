@@ -15,13 +15,17 @@ consumer reads up to the partition's *last stable offset*: behind a
 transaction still open it waits (polling, without error), and the offsets it
 commits step over the transaction markers, which take an offset each but are
 no record.
+
+Every call into the client runs under a :class:`~kinbox.kafka.watch.CallWatch`:
+a synchronous commit can wait forever inside librdkafka, and then the worker
+must say so, and end, rather than stall in silence.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from confluent_kafka import (
@@ -41,6 +45,7 @@ from kinbox.errors import FatalTransportError
 from kinbox.kafka.base import Partition, RebalanceListener
 from kinbox.kafka.errors import ClientLog, broken, create_client, describe, is_fatal, translate
 from kinbox.kafka.stats import DEFAULT_INTERVAL_MS, on_stats
+from kinbox.kafka.watch import CallWatch
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +91,21 @@ def consumer_config(settings: Settings, lag: LagBoard | None = None) -> dict[str
 class KafkaTransport:
     """:class:`Transport` on a confluent-kafka ``Consumer``."""
 
-    def __init__(self, settings: Settings, lag: LagBoard | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        lag: LagBoard | None = None,
+        on_wedged: Callable[[str], None] | None = None,
+    ) -> None:
         """Create the consumer (it joins the group at :meth:`subscribe`).
 
         Args:
             settings: the worker's settings.
             lag: where each statistics report's partition lags go (see
                 :func:`consumer_config`); ``None``: no statistics.
+            on_wedged: called when a call into the client has not returned for
+                twice the poll interval (see :mod:`kinbox.kafka.watch`);
+                ``None`` only warns. ``kinbox worker`` exits there.
 
         Raises:
             ConfigurationError: librdkafka refused the configuration (``-X``).
@@ -101,6 +114,10 @@ class KafkaTransport:
         self._log = ClientLog(config["logger"])
         config["logger"] = self._log
         self._consumer = create_client(Consumer, config, "the consumer")
+        # A call may last a revoke's wait and a commit; one past the poll
+        # interval has cost the member its place in the group already.
+        interval = settings.effective_max_poll_interval
+        self._watch = CallWatch(interval, 2 * interval, on_wedged)
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         """See :meth:`Transport.subscribe`.
@@ -127,6 +144,7 @@ class KafkaTransport:
             )
         except KafkaException as exc:
             raise translate(f"subscribing to {list(topics)!r}", exc) from exc
+        self._watch.start()
 
     def poll(self, max_messages: int, timeout: float) -> list[Record]:
         """See :meth:`Transport.poll`; error events are logged, fatal ones raised.
@@ -137,7 +155,8 @@ class KafkaTransport:
                 event carries code ``_FATAL`` and the reason in its text.
         """
         try:
-            messages = self._consumer.consume(max_messages, timeout)
+            with self._watch.call("polling"):
+                messages = self._consumer.consume(max_messages, timeout)
         except KafkaException as exc:
             raise translate("consuming", exc) from exc
         except SystemError as exc:
@@ -159,7 +178,9 @@ class KafkaTransport:
             return
         parts = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         try:
-            result = self._consumer.commit(offsets=parts, asynchronous=False)
+            # No timeout in the binding: the watch is what bounds this wait.
+            with self._watch.call(f"committing {dict(offsets)}"):
+                result = self._consumer.commit(offsets=parts, asynchronous=False)
         except KafkaException as exc:
             if exc.args and exc.args[0].code() == KafkaError._NO_OFFSET:
                 return
@@ -182,7 +203,8 @@ class KafkaTransport:
     def seek(self, partition: Partition, offset: int) -> None:
         """See :meth:`Transport.seek`."""
         try:
-            self._consumer.seek(TopicPartition(partition[0], partition[1], offset))
+            with self._watch.call(f"seeking {partition}@{offset}"):
+                self._consumer.seek(TopicPartition(partition[0], partition[1], offset))
         except KafkaException as exc:
             raise translate(f"seeking {partition}@{offset}", exc) from exc
 
@@ -195,13 +217,15 @@ class KafkaTransport:
         if not partitions:
             return {}
         try:
-            parts = self._consumer.position([TopicPartition(t, p) for t, p in partitions])
+            with self._watch.call(f"reading the positions of {list(partitions)}"):
+                parts = self._consumer.position([TopicPartition(t, p) for t, p in partitions])
         except KafkaException as exc:
             raise translate(f"reading the positions of {list(partitions)}", exc) from exc
         return {(tp.topic, tp.partition): tp.offset for tp in parts if tp.offset >= 0}
 
     def close(self) -> None:
         """See :meth:`Transport.close`."""
+        self._watch.stop()  # close may outlast the watch's bound; the shutdown timer has it
         try:
             self._consumer.close()
         # SystemError: a fatal error met while close() ran a rebalance callback
@@ -211,7 +235,8 @@ class KafkaTransport:
 
     def _call(self, what: str, method: Any, partitions: Sequence[Partition]) -> None:
         try:
-            method([TopicPartition(t, p) for t, p in partitions])
+            with self._watch.call(f"{what} {list(partitions)}"):
+                method([TopicPartition(t, p) for t, p in partitions])
         except KafkaException as exc:
             raise translate(f"{what} {list(partitions)}", exc) from exc
 

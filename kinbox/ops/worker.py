@@ -39,6 +39,12 @@ log = logging.getLogger(__name__)
 EXIT_INTERRUPTED = 130
 """Exit status after a second signal or a shutdown timeout."""
 
+EXIT_WEDGED = 7
+"""Exit status when the Kafka client stopped returning: ``kinbox.cli.support.EXIT_FATAL``.
+
+(Repeated here: the CLI imports this module, not the other way round.)
+"""
+
 
 def load_app(target: str) -> App:
     """Import ``pkg.module[:attr]`` and return its :class:`App`.
@@ -100,7 +106,7 @@ def run(app: App, settings: Settings) -> None:
     # The Kafka clients first: creating them checks the librdkafka
     # configuration and connects to nothing, so a bad -X is reported as such
     # even while the database is unreachable.
-    transport = KafkaTransport(settings, lag)
+    transport = KafkaTransport(settings, lag, on_wedged=_wedged)
     store = PostgresInboxStore(
         settings.database_url,
         schema=settings.schema,
@@ -164,6 +170,18 @@ def _install_signals(runner: Runner, timeout: float) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+
+
+def _wedged(reason: str) -> None:
+    """The consumer is stuck inside librdkafka for good: exit, so a fresh client takes over.
+
+    The stuck call holds the polling thread, so nothing can be closed or
+    committed cleanly; offsets already committed stay valid and the inbox
+    suppresses whatever the next owner reads again.
+    """
+    log.error("exiting with status %d: %s", EXIT_WEDGED, reason)
+    logging.shutdown()
+    os._exit(EXIT_WEDGED)
 
 
 def _give_up(timeout: float) -> None:

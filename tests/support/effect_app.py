@@ -43,6 +43,11 @@ Behaviour, by environment variable:
     written with ``os.write`` on an ``O_APPEND`` descriptor, so they survive a
     SIGKILL a moment later; the scoreboard's delivery counts come from here.
 
+``SIGUSR1``
+    makes the process write the Python stack of every thread to its stderr
+    (the worker's log), without stopping it: a test that waited in vain for
+    a member asks it where it is stuck (:meth:`tests.support.workers.Worker.dump_stacks`).
+
 The ``d`` and ``r`` lines come from a :class:`kinbox.Middleware`
 (``DeliveryLog``): counting what the consumer really received is the only way
 to tell "no redelivery" from "redelivered and suppressed".
@@ -50,7 +55,9 @@ to tell "no redelivery" from "redelivered and suppressed".
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -93,6 +100,11 @@ class BrokenDeployError(RuntimeError):
 class PoisonError(ValueError):
     """Raised by the handler on purpose on every attempt: the event can never be applied."""
 
+
+# faulthandler writes from its C-level signal handler: a Python handler would
+# wait for the main thread to reach its next bytecode, which a thread blocked
+# inside librdkafka never does.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 _fd = (
     os.open(

@@ -103,7 +103,7 @@ class Run:
         try:
             wait_for(caught_up, timeout, f"{names} to commit up to {ends}")
         except AssertionError as exc:
-            tails = "\n".join(w.log_tail() for w in members)
+            tails = "\n".join(w.stuck_report() for w in members)
             raise AssertionError(f"{exc}; last committed {seen}\n{tails}") from None
 
     def handler_calls(self) -> int:

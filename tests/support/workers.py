@@ -57,6 +57,23 @@ class Worker:
             "    " + line for line in tail
         )
 
+    def dump_stacks(self, settle: float = 1.0) -> None:
+        """Have a live worker write every thread's Python stack into its log (``SIGUSR1``).
+
+        For a wait that failed: the log then says where the member is stuck,
+        a blocked C call (librdkafka, psycopg) included. The handler is
+        :mod:`tests.support.effect_app`'s, the app of every worker this
+        factory starts. ``settle``: seconds given to the dump to reach the file.
+        """
+        if self.proc.poll() is None:
+            self.signal(signal.SIGUSR1)
+            time.sleep(settle)
+
+    def stuck_report(self, lines: int = 80) -> str:
+        """The log tail after :meth:`dump_stacks`, and where the whole log is kept."""
+        self.dump_stacks()
+        return f"{self.log_tail(lines)}\n    (whole log: {self.log_path})"
+
     def wait_log(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
         """Wait until the log matches ``pattern`` (a regex); fail if the worker exits first."""
         regex = re.compile(pattern)
@@ -259,7 +276,7 @@ def drain(
     try:
         wait_for(caught_up, timeout, f"committed offsets to reach {ends}")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{worker.log_tail()}") from None
+        raise AssertionError(f"{exc}\n{worker.stuck_report()}") from None
     status = worker.stop()
     assert status == 0, f"{name} exited {status} on SIGTERM\n{worker.log_tail()}"
     return worker
