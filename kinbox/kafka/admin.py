@@ -102,11 +102,14 @@ def check_dead_letter_topics(
     sources = sorted(set(targets) | set(targets.values()))
     limits = _max_bytes(admin, [t for t in sources if t in topics], deadline)
     created, meanwhile = _create(admin, missing, targets, topics, limits, deadline)
+    _wait_until_known(admin, created, deadline)
     # A topic another member created meanwhile (members of one worker start
-    # together) is as new as one created here: the cluster may not know it yet.
-    _wait_until_known(admin, created + meanwhile, deadline)
-    limits.update(_max_bytes(admin, created + meanwhile, deadline))
+    # together) may be as new as one created here, or one this worker may not
+    # even DESCRIBE (it is then missing from the metadata for good): the
+    # writability check asks again while a broker does not know it yet, and
+    # says which permission is missing.
     _check_writable(admin, sorted(set(targets.values())), deadline)
+    limits.update(_max_bytes(admin, created + meanwhile, deadline))
     found = {}
     for source, dlq in targets.items():
         found[dlq] = DeadLetterTopic(

@@ -61,12 +61,15 @@ class LaggingCluster:
         return {topic.topic: _done(error=KafkaError.TOPIC_ALREADY_EXISTS) for topic in new}
 
     def describe_topics(self, topics: Any, include_authorized_operations: bool) -> Any:
-        return {
+        answer = {
             name: _done(SimpleNamespace(authorized_operations=None))
             if name in self.known
             else _done(error=KafkaError.UNKNOWN_TOPIC_OR_PART)
             for name in topics.topic_names
         }
+        self.known |= self.lagging  # the next read knows it
+        self.lagging = set()
+        return answer
 
 
 def test_a_dead_letter_topic_another_member_just_created_is_waited_for(
