@@ -14,7 +14,9 @@ replay. The breaker stops that early::
 *Closed*: the breaker counts distinct events whose handler failed — a try
 that failed (to be tried again) or an event dead-lettered because its tries
 ran out — with no event applied in between, across every partition of the
-member. A committed handler success starts the count again.
+member. A committed handler success starts the count again: a partition
+batch that applied any event counts none of its own failures, so poison
+events scattered among healthy ones (each dead-lettered) never open it.
 *Open*: after ``failures`` of them, every assigned partition is paused for
 ``pause`` seconds. The member keeps polling, so it stays in the group (and
 keeps committing what it applied); nothing is fetched, tried or
@@ -148,7 +150,13 @@ class Breaker:
         if self._failures <= 0 or self.state is not State.CLOSED:
             return
         if result.applied:
+            # A batch that applied events between its failures is no run of
+            # failures (a stream with scattered poison events, each
+            # dead-lettered among healthy ones, must flow). The batch does
+            # not say which of its events came last, so its failures start
+            # no run either: the count restarts at the next batch.
             self._failing.clear()
+            return
         self._failing.update(failed)
         if len(self._failing) >= self._failures:
             place, why = next(reversed(self._failing.items()))

@@ -9,7 +9,7 @@ import pytest
 
 from kinbox.app import App
 from kinbox.apply import deadletter
-from kinbox.apply.deadletter import Letter
+from kinbox.apply.deadletter import HANDLER_ERROR, Letter
 from kinbox.apply.outcome import BatchResult, Failure
 from kinbox.config import Settings
 from kinbox.consume.breaker import Breaker, State
@@ -81,6 +81,21 @@ def test_an_applied_event_starts_the_count_again() -> None:
     assert state(brk) is State.CLOSED
     brk.observe(handler_failed(0, 2))
     assert state(brk) is State.OPEN
+
+
+def test_poison_events_among_applied_ones_never_open_it() -> None:
+    # Given batches that each apply most events and dead-letter a few poison
+    # ones whose tries ran out (as fault scenario 16's stream does)
+    brk, _, _ = breaker(failures=3)
+    for partition in (0, 1, 2) * 4:
+        poison = (1, 3, 5, 7)  # more than `failures` in one batch, none in a row
+        letters = tuple(
+            Letter(record(T, partition, o, "x"), f"{T}.dlq", "g", HANDLER_ERROR, ValueError(), 1)
+            for o in poison
+        )
+        brk.observe(BatchResult(10, applied=6, dead_lettered=4, letters=letters))
+    # Then no run of failures formed: the stream keeps flowing
+    assert state(brk) is State.CLOSED
 
 
 @pytest.mark.parametrize(
