@@ -18,6 +18,7 @@ from kinbox.config import Settings
 from kinbox.errors import ConfigurationError
 from kinbox.middleware.base import Middleware
 from kinbox.names import topic_name
+from kinbox.params.signature import awaits
 from kinbox.params.wrap import prepare
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -182,7 +183,8 @@ class App:
                 value_deserializer=value_deserializer,
                 default_deserializer=self._value_deserializer,
             )
-            route = Route(topic, fn, kind_for(call, batch=batch), max_attempts, dead_letter_topic)
+            kind = kind_for(call, batch=batch, awaits=awaits(fn))
+            route = Route(topic, fn, kind, max_attempts, dead_letter_topic)
             existing = self._routes.get(topic)
             if existing is not None:
                 raise ConfigurationError(

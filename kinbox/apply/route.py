@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kinbox.event import Event
 
 if TYPE_CHECKING:
-    from kinbox.store.base import InboxTransaction
+    from kinbox.store.base import InboxStore, InboxTransaction
 
 EventHandler = Callable[[Event, Any], object]
-"""``handler(event, tx)``: ``tx`` is the psycopg ``Connection``, inside the inbox transaction."""
+"""``handler(event, tx)``: ``tx`` is the psycopg ``Connection`` (an ``AsyncConnection`` for
+an ``async def`` handler), inside the inbox transaction."""
 BatchHandler = Callable[[list[Event], Any], object]
 """``handler(events, tx)``: the fresh events of one partition batch, in offset order."""
 
@@ -64,6 +65,17 @@ class HandlerKind(Protocol):
     @property
     def name(self) -> str:
         """``event`` or ``batch``: for logs and ``repr``."""
+
+    def pick_store(self, store: InboxStore) -> InboxStore:
+        """The store this kind's transactions run in, given the worker's (asked once, at start).
+
+        ``store`` itself for a sync function; the same inbox on an async
+        connection (:meth:`~kinbox.store.base.AsyncCapable.for_async`) for an
+        ``async def`` one.
+
+        Raises:
+            ConfigurationError: ``store`` cannot give what the kind needs.
+        """
 
     def run(self, calls: Calls, events: list[Event], *, careful: bool) -> None:
         """Call the function over ``events`` (in offset order).

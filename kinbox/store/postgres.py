@@ -2,7 +2,8 @@
 
 :class:`InboxStore` is the seam the runner depends on (a fake implements it
 in the unit tests); :class:`PostgresInboxStore` is the real one, on a
-``psycopg_pool`` pool. Every psycopg error leaving this module is translated
+``psycopg_pool`` pool (async handlers' variant, the same code on an async
+pool: :mod:`kinbox.store.awaiting`). Every psycopg error leaving this module is translated
 (:mod:`kinbox.store.errors`) to :class:`~kinbox.errors.StoreError` with
 ``transient`` set when trying again may succeed. What kinbox writes here
 that comes from a record or an exception (a reason) is made storable first:
@@ -44,17 +45,9 @@ class PostgresInboxStore:
     def __init__(self, conninfo: str, *, schema: str, consumer: str, pool_size: int = 2) -> None:
         self._schema = sql_identifier(schema, setting="schema")
         self._consumer = consumer
-        # check_connection costs one round trip per checkout but turns a
-        # connection killed by a server restart into a fresh one instead of a
-        # failed batch.
-        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            conninfo,
-            min_size=1,
-            max_size=max(1, pool_size),
-            open=False,
-            check=ConnectionPool.check_connection,
-            name="kinbox-inbox",
-        )
+        self._conninfo = conninfo
+        self._pool_size = pool_size
+        self._pool: Any = self._make_pool()
         # One statement decides which events are fresh. The primary key
         # (consumer, event_id) makes a second delivery conflict with the first
         # one's row, or wait for the first one's transaction and then
@@ -89,6 +82,20 @@ class PostgresInboxStore:
             " WHERE consumer = %s AND event_id = %s"
         ).format(table)
 
+    def _make_pool(self) -> Any:
+        """The pool the transactions take their connection from (async in a subclass)."""
+        # check_connection costs one round trip per checkout but turns a
+        # connection killed by a server restart into a fresh one instead of a
+        # failed batch.
+        return ConnectionPool(
+            self._conninfo,
+            min_size=1,
+            max_size=max(1, self._pool_size),
+            open=False,
+            check=ConnectionPool.check_connection,
+            name="kinbox-inbox",
+        )
+
     def open(self, timeout: float = 30.0) -> None:
         """Open the pool and check that ``kinbox migrate`` has run.
 
@@ -110,7 +117,7 @@ class PostgresInboxStore:
         """See :meth:`InboxStore.transaction`."""
         try:
             with self._pool.connection() as conn, conn.transaction():
-                yield _PostgresTransaction(conn, self._consumer, self)
+                yield self._transaction_type(conn, self._consumer, self)
         except psycopg.Error as exc:
             # What gets here untranslated comes from taking a connection,
             # BEGIN, COMMIT or ROLLBACK: COMMIT runs the handlers' deferred
@@ -121,17 +128,21 @@ class PostgresInboxStore:
         """Close the pool."""
         self._pool.close()
 
+    @property
+    def _transaction_type(self) -> type[_PostgresTransaction]:
+        return _PostgresTransaction
+
 
 class _PostgresTransaction:
-    def __init__(
-        self, conn: psycopg.Connection[Any], consumer: str, store: PostgresInboxStore
-    ) -> None:
+    # conn: a psycopg Connection, or a kinbox.store.bridge.SyncConnection
+    # over an AsyncConnection; the statements are the same.
+    def __init__(self, conn: Any, consumer: str, store: PostgresInboxStore) -> None:
         self._conn = conn
         self._consumer = consumer
         self._store = store
 
     @property
-    def connection(self) -> psycopg.Connection[Any]:
+    def connection(self) -> Any:
         return self._conn
 
     def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:

@@ -34,8 +34,9 @@ from kinbox.consume.envelope import Record
 from kinbox.errors import ConfigurationError
 from kinbox.kafka.base import Partition
 from kinbox.names import sql_identifier
+from kinbox.store.awaiting import MixedInboxStore
 from kinbox.store.migrations import Component
-from kinbox.store.postgres import PostgresInboxStore, apply_migrations
+from kinbox.store.postgres import apply_migrations
 from kinbox.store.schema import INBOX
 from kinbox.testing.messages import FRESH, Fresh, Headers, Message
 from kinbox.testing.publisher import FakePublisher
@@ -120,9 +121,7 @@ class InboxTestClient:
 
             components.append(OUTBOX)
         apply_migrations(database_url, self.schema, components)
-        inner = PostgresInboxStore(
-            self.conninfo, schema=self.schema, consumer=self.settings.group_id
-        )
+        inner = MixedInboxStore(self.conninfo, schema=self.schema, consumer=self.settings.group_id)
         self.store = RecordingStore(inner)
         """The inbox store the batches go through (the real one, recorded)."""
         try:

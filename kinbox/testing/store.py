@@ -12,9 +12,10 @@ suite (``tests/contract``) runs the same tests over it and the real store.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import psycopg
 
@@ -156,6 +157,10 @@ class FakeTransaction:
         if self.connection.aborted:
             raise left_aborted()
 
+    def wait(self, awaitable: Awaitable[T]) -> T:
+        """Run an async handler's call to its end, on an event loop of its own."""
+        return asyncio.run(_awaited(awaitable))
+
     def outage(self, exc: BaseException) -> StoreError | None:
         """See :meth:`~kinbox.store.base.InboxTransaction.outage` (the real store's rule)."""
         return transient_cause(exc)
@@ -256,9 +261,20 @@ class FakeStore:
             self.lose_after_commit -= 1
             raise StoreError("OperationalError: connection lost during COMMIT", transient=True)
 
+    def for_async(self) -> FakeStore:
+        """Itself: its transactions also run async handlers (:meth:`FakeTransaction.wait`)."""
+        return self
+
     def close(self) -> None:
         """Mark the store closed."""
         self.closed = True
+
+
+T = TypeVar("T")
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
 
 
 class _RolledBack(Exception):
