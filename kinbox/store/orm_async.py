@@ -19,6 +19,7 @@ from collections.abc import Awaitable
 from typing import Any, cast
 
 import psycopg
+from sqlalchemy import URL, Dialect
 from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.postgresql.psycopg import PGDialectAsync_psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
@@ -33,6 +34,11 @@ class InboxAsyncDialect(InboxDialect, PGDialectAsync_psycopg):
     """SQLAlchemy's async psycopg dialect on a connection whose transaction kinbox owns."""
 
     supports_statement_cache = True
+
+    @classmethod
+    def get_async_dialect_cls(cls, url: URL) -> type[Dialect]:
+        """Itself: the psycopg dialect would answer with the stock async dialect instead."""
+        return cls
 
 
 registry.register(f"postgresql.{_DIALECT}", __name__, "InboxAsyncDialect")
