@@ -135,7 +135,9 @@ class App:
         the value: a pydantic model, a dataclass, ``dict``, ``bytes``,
         ``str``), plus any of ``event: Event``, ``tx`` and ``session: Session``
         (SQLAlchemy, in the inbox transaction). A payload that does not
-        decode is dead-lettered at once with reason ``payload``.
+        decode is dead-lettered at once with reason ``payload``. An ``async
+        def`` function is awaited, with a psycopg ``AsyncConnection`` as its
+        ``tx`` (or an ``AsyncSession``), in the same inbox transaction.
 
         Args:
             topic: a legal Kafka topic name, registered at most once per app.
