@@ -32,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 from kinbox.store.base import InboxStore, InboxTransaction
 from kinbox.store.bridge import SyncConnection, SyncPool
 from kinbox.store.errors import translate
-from kinbox.store.loop import LoopThread
+from kinbox.store.loop import LoopThread, awaited
 from kinbox.store.postgres import PostgresInboxStore, _PostgresTransaction
 
 T = TypeVar("T")
@@ -119,11 +119,7 @@ class _AwaitingTransaction(_PostgresTransaction):
 
     def wait(self, awaitable: Awaitable[T]) -> T:
         """See :meth:`kinbox.store.base.Awaiting.wait`."""
-        return self._conn.loop.run(_awaited(awaitable))
-
-
-async def _awaited(awaitable: Awaitable[T]) -> T:
-    return await awaitable
+        return self._conn.loop.run(awaited(awaitable))
 
 
 class MixedInboxStore(PostgresInboxStore):

@@ -17,10 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
+from kinbox.errors import HandlerCancelled
+
 T = TypeVar("T")
+
+
+async def awaited(awaitable: Awaitable[T]) -> T:
+    """Await a handler's call; a cancellation inside it becomes :class:`HandlerCancelled`."""
+    try:
+        return await awaitable
+    except asyncio.CancelledError as exc:
+        raise HandlerCancelled(f"the async handler's coroutine was cancelled: {exc!r}") from exc
 
 
 class LoopThread:

@@ -24,6 +24,7 @@ from kinbox.errors import StoreError
 from kinbox.event import Event
 from kinbox.store.base import first_occurrences
 from kinbox.store.errors import left_aborted, transient_cause, translate
+from kinbox.store.loop import awaited
 
 
 def _aborted() -> StoreError:
@@ -159,7 +160,7 @@ class FakeTransaction:
 
     def wait(self, awaitable: Awaitable[T]) -> T:
         """Run an async handler's call to its end, on an event loop of its own."""
-        return asyncio.run(_awaited(awaitable))
+        return asyncio.run(awaited(awaitable))
 
     def outage(self, exc: BaseException) -> StoreError | None:
         """See :meth:`~kinbox.store.base.InboxTransaction.outage` (the real store's rule)."""
@@ -271,10 +272,6 @@ class FakeStore:
 
 
 T = TypeVar("T")
-
-
-async def _awaited(awaitable: Awaitable[T]) -> T:
-    return await awaitable
 
 
 class _RolledBack(Exception):

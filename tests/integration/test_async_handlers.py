@@ -310,3 +310,28 @@ def test_an_outage_seen_by_an_async_handler_is_an_outage(
             raise
     [outage] = outages
     assert outage is not None and outage.transient
+
+
+def test_the_bridge_drives_a_real_pipeline_and_sees_its_failure(
+    async_store: AsyncPostgresInboxStore, notes: str, db: Conn
+) -> None:
+    # What the pipelined optimistic pass uses (psycopg pipeline mode), over the bridge
+    insert = sql.SQL("INSERT INTO {}.notes (event_id, text) VALUES (%s, 'p')").format(
+        sql.Identifier(notes)
+    )
+    with async_store.transaction() as tx:
+        bridged: Any = cast(Any, tx).bridged
+        with bridged.pipeline() as pipeline:
+            for n in range(3):  # a handler's statements, sent without waiting
+                cast(Awaiting, tx).wait(tx.connection.execute(insert, (f"p{n}",)))
+            pipeline.sync()
+            assert bridged.pgconn.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    assert [r[0] for r in note_rows(db, notes)] == ["p0", "p1", "p2"]
+
+    with pytest.raises(StoreError, match="DivisionByZero"), async_store.transaction() as tx:
+        bridged = cast(Any, tx).bridged
+        with bridged.pipeline() as pipeline:
+            cast(Awaiting, tx).wait(tx.connection.execute(insert, ("lost",)))
+            cast(Awaiting, tx).wait(tx.connection.execute("SELECT 1/0"))
+            pipeline.sync()
+    assert [r[0] for r in note_rows(db, notes)] == ["p0", "p1", "p2"]

@@ -170,3 +170,14 @@ def test_mixed_app_runs_each_route_in_its_own_store() -> None:
     processor.process([record("sync-topic", 0, 0, "s")])
     assert picked == ["async"]
     assert store.async_side.effects == ["a"] and store.effects == ["s"]
+
+
+def test_a_cancelled_coroutine_is_a_failed_try_never_the_end_of_the_worker() -> None:
+    def fail(event: Event) -> None:
+        raise asyncio.CancelledError("a cancel scope gone wrong")
+
+    h = Harness(async_app(fail, max_attempts=2))
+    h.add(record(T, 0, 0, "a"), record(T, 0, 1, "b"))
+    h.run(turns=4)
+    assert h.store.status == {"a": "dead_lettered", "b": "dead_lettered"}
+    assert h.committed == 2
