@@ -57,13 +57,9 @@ class AsyncPostgresInboxStore(PostgresInboxStore):
             # As the sync pool's: the check turns a connection a server
             # restart killed into a fresh one instead of a failed batch.
             return AsyncConnectionPool(
-                self._conninfo,
-                min_size=1,
-                max_size=max(1, self._pool_size),
-                open=False,
-                check=AsyncConnectionPool.check_connection,
-                name="kinbox-inbox-async",
-            )
+                self._conninfo, check=AsyncConnectionPool.check_connection,
+                name="kinbox-inbox-async", **self._pool_sizes(),
+            )  # fmt: skip
 
         return SyncPool(self._loop, make)
 

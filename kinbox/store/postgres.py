@@ -88,13 +88,13 @@ class PostgresInboxStore:
         # connection killed by a server restart into a fresh one instead of a
         # failed batch.
         return ConnectionPool(
-            self._conninfo,
-            min_size=1,
-            max_size=max(1, self._pool_size),
-            open=False,
-            check=ConnectionPool.check_connection,
-            name="kinbox-inbox",
-        )
+            self._conninfo, check=ConnectionPool.check_connection, name="kinbox-inbox",
+            **self._pool_sizes(),
+        )  # fmt: skip
+
+    def _pool_sizes(self) -> dict[str, Any]:
+        """The pool's size options (the async store's pool has the same), not opened yet."""
+        return {"min_size": 1, "max_size": max(1, self._pool_size), "open": False}
 
     def open(self, timeout: float = 30.0) -> None:
         """Open the pool and check that ``kinbox migrate`` has run.

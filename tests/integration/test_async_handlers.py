@@ -11,9 +11,8 @@ from typing import Any, cast
 import psycopg
 import pytest
 from psycopg import sql
-from sqlalchemy import String, func, select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from kinbox.app import App
 from kinbox.devstack.stack import Stack
@@ -25,7 +24,8 @@ from kinbox.store.base import Awaiting
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import dead_letters, header, running, statuses
 from tests.integration.inbox_support import committed, effects, produce, settings
-from tests.integration.typed_support import produce_values
+from tests.integration.orm_support import Note, note_rows, on_path, run_three_notes
+from tests.integration.orm_support import notes as notes  # a fixture of the tests here
 from tests.support.database import Conn, prepare_schema
 from tests.support.waiting import wait_for
 
@@ -192,40 +192,6 @@ def test_shutdown_commits_the_last_offsets_then_closes_the_loop_and_pool(
 # --- AsyncSession -------------------------------------------------------------------------
 
 
-class Base(DeclarativeBase):
-    pass
-
-
-class Note(Base):
-    __tablename__ = "notes"
-    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
-    event_id: Mapped[str] = mapped_column(String)
-    text: Mapped[str] = mapped_column(String(20))
-
-
-@pytest.fixture
-def notes(stack: Stack, schema: str) -> Iterator[str]:
-    prepare_schema(stack.database_url, schema)
-    with psycopg.connect(stack.database_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {}.notes (id bigserial PRIMARY KEY, event_id text, text varchar(20))"
-            ).format(sql.Identifier(schema))
-        )
-    yield schema
-
-
-def on_path(database_url: str, schema: str) -> str:
-    return f"{database_url}?options=-csearch_path%3D{schema}"
-
-
-def note_rows(db: Conn, schema: str) -> list[tuple[str, str]]:
-    query = sql.SQL("SELECT event_id, text FROM {}.notes ORDER BY id").format(
-        sql.Identifier(schema)
-    )
-    return [(r[0], r[1]) for r in db.execute(query).fetchall()]
-
-
 def test_async_session_effects_commit_with_the_claim_once(
     stack: Stack, make_topic: MakeTopic, notes: str, db: Conn
 ) -> None:
@@ -244,15 +210,8 @@ def test_async_session_effects_commit_with_the_claim_once(
         count = await session.scalar(select(func.count()).select_from(Note))
         assert count is not None and count >= 1
 
-    config = settings(stack.bootstrap_servers, on_path(stack.database_url, notes), group, notes)
-    records = [("e1", b'{"text": "one"}'), ("e2", b'{"text": "two"}'), ("e1", b'{"text": "1"}')]
-    produce_values(stack.bootstrap_servers, topic, records)
-    with running(app, config):
-        wait_for(lambda: committed(stack.bootstrap_servers, group, topic, 1) == {0: 3})
-
     # Then each event's row committed once, the failed try's went with its rollback
-    assert note_rows(db, notes) == [("e1", "one"), ("e2", "two")]
-    assert statuses(db, notes, group) == {"e1": ("applied", None), "e2": ("applied", None)}
+    run_three_notes(stack, app, topic, group, notes, db)
 
 
 @pytest.fixture
