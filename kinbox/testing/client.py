@@ -1,9 +1,10 @@
 """Test an app's handlers against the real inbox on a real PostgreSQL, with no Kafka.
 
 :class:`InboxTestClient` hands records straight to the worker's own batch
-code — :class:`~kinbox.apply.batch.BatchProcessor` over
-:class:`~kinbox.store.postgres.PostgresInboxStore`, the app's middleware
-around them — so a test goes through the same claim, transaction, savepoints,
+code — :class:`~kinbox.apply.batch.BatchProcessor` over the worker's
+:class:`~kinbox.store.awaiting.MixedInboxStore` (async handlers on its
+``AsyncConnection`` s, as in the worker), the app's middleware around
+them — so a test goes through the same claim, transaction, savepoints,
 narrowing and dead-letter bookkeeping as production. Only the broker is
 missing: the client places each message on a partition at the next offset,
 and a :class:`~kinbox.testing.FakePublisher` takes the dead letters.
