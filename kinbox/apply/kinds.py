@@ -11,7 +11,7 @@ here, not a new branch in the dispatcher.
 :class:`AwaitedWholeBatch`: the same passes, savepoints and verdicts as their
 sync parents, with one difference, the call. It runs ``await fn(event,
 conn)`` on the event loop that owns the transaction's ``AsyncConnection``
-(:class:`~kinbox.store.base.Awaiting`), while the batch thread waits; their
+(:class:`~kinbox.store.async_base.Awaiting`), while the batch thread waits; their
 :meth:`pick_store` asks the worker's store for the same inbox on an async
 connection, once, when the worker starts.
 
@@ -30,7 +30,8 @@ from typing import Any, cast
 from kinbox.apply.outcome import Abandoned, HandlerFailed, Verdict
 from kinbox.apply.route import Calls, HandlerKind
 from kinbox.event import Event
-from kinbox.store.base import Awaiting, InboxStore, async_store
+from kinbox.store.async_base import Awaiting, async_store
+from kinbox.store.base import InboxStore
 
 
 class EachEvent:
@@ -46,10 +47,6 @@ class EachEvent:
 
     def __init__(self, fn: Callable[[Event, Any], object]) -> None:
         self._fn = fn
-
-    def pick_store(self, store: InboxStore) -> InboxStore:
-        """See :meth:`HandlerKind.pick_store`: ``store`` itself."""
-        return store
 
     def run(self, calls: Calls, events: list[Event], *, careful: bool) -> None:
         """See :meth:`HandlerKind.run`."""
@@ -83,6 +80,10 @@ class EachEvent:
                 raise HandlerFailed(event, exc) from exc
             calls.dead_letter(event, reason, exc)
 
+    def pick_store(self, store: InboxStore) -> InboxStore:
+        """See :meth:`HandlerKind.pick_store`: ``store`` itself."""
+        return store
+
 
 class WholeBatch:
     """``fn(events, tx)`` once per partition batch, under one savepoint.
@@ -97,10 +98,6 @@ class WholeBatch:
 
     def __init__(self, fn: Callable[[list[Event], Any], object]) -> None:
         self._fn = fn
-
-    def pick_store(self, store: InboxStore) -> InboxStore:
-        """See :meth:`HandlerKind.pick_store`: ``store`` itself."""
-        return store
 
     def run(self, calls: Calls, events: list[Event], *, careful: bool) -> None:
         """See :meth:`HandlerKind.run`."""
@@ -128,6 +125,10 @@ class WholeBatch:
     def _call(self, calls: Calls, events: list[Event]) -> None:
         connection = calls.tx.connection
         calls.around_events(events, lambda evs: self._fn(list(evs), connection))
+
+    def pick_store(self, store: InboxStore) -> InboxStore:
+        """See :meth:`HandlerKind.pick_store`: ``store`` itself."""
+        return store
 
 
 class AwaitedEachEvent(EachEvent):

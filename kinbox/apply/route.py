@@ -66,17 +66,6 @@ class HandlerKind(Protocol):
     def name(self) -> str:
         """``event`` or ``batch``: for logs and ``repr``."""
 
-    def pick_store(self, store: InboxStore) -> InboxStore:
-        """The store this kind's transactions run in, given the worker's (asked once, at start).
-
-        ``store`` itself for a sync function; the same inbox on an async
-        connection (:meth:`~kinbox.store.base.AsyncCapable.for_async`) for an
-        ``async def`` one.
-
-        Raises:
-            ConfigurationError: ``store`` cannot give what the kind needs.
-        """
-
     def run(self, calls: Calls, events: list[Event], *, careful: bool) -> None:
         """Call the function over ``events`` (in offset order).
 
@@ -84,6 +73,17 @@ class HandlerKind(Protocol):
             HandlerFailed: a call failed and the event will be tried again.
             Abandoned: the optimistic pass met a permanent failure.
             StoreError: the database went away (also when a handler saw it).
+        """
+
+    def pick_store(self, store: InboxStore) -> InboxStore:
+        """The store this kind's transactions run in, given the worker's (asked once, at start).
+
+        ``store`` itself for a sync function; the same inbox on an async
+        connection (:meth:`~kinbox.store.async_base.AsyncCapable.for_async`) for an
+        ``async def`` one.
+
+        Raises:
+            ConfigurationError: ``store`` cannot give what the kind needs.
         """
 
 

@@ -21,10 +21,11 @@ the worker's last offsets are committed: the pools, then the loop.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -47,21 +48,26 @@ class AsyncPostgresInboxStore(PostgresInboxStore):
     """
 
     def __init__(self, conninfo: str, *, schema: str, consumer: str, pool_size: int = 2) -> None:
+        super().__init__(conninfo, schema=schema, consumer=consumer, pool_size=pool_size)
         self._loop = LoopThread("kinbox-async-handlers")
         self._opened = False
         self._opening = threading.Lock()
-        super().__init__(conninfo, schema=schema, consumer=consumer, pool_size=pool_size)
 
-    def _make_pool(self) -> SyncPool:
         def make() -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
             # As the sync pool's: the check turns a connection a server
             # restart killed into a fresh one instead of a failed batch.
             return AsyncConnectionPool(
-                self._conninfo, check=AsyncConnectionPool.check_connection,
-                name="kinbox-inbox-async", **self._pool_sizes(),
-            )  # fmt: skip
+                conninfo,
+                min_size=1,
+                max_size=max(1, pool_size),
+                open=False,
+                check=AsyncConnectionPool.check_connection,
+                name="kinbox-inbox-async",
+            )
 
-        return SyncPool(self._loop, make)
+        # In place of the sync pool the parent made (unopened: it holds
+        # nothing): the parent's code takes connections from this one.
+        self._pool = cast(Any, SyncPool(self._loop, make))
 
     def open(self, timeout: float = 30.0) -> None:
         """Open the pool, without waiting for a connection (idempotent).
@@ -114,7 +120,7 @@ class _AwaitingTransaction(_PostgresTransaction):
         return self._conn
 
     def wait(self, awaitable: Awaitable[T]) -> T:
-        """See :meth:`kinbox.store.base.Awaiting.wait`."""
+        """See :meth:`kinbox.store.async_base.Awaiting.wait`."""
         return self._conn.loop.run(awaited(awaitable))
 
 
@@ -127,19 +133,17 @@ class MixedInboxStore(PostgresInboxStore):
 
     def __init__(self, conninfo: str, *, schema: str, consumer: str, pool_size: int = 2) -> None:
         super().__init__(conninfo, schema=schema, consumer=consumer, pool_size=pool_size)
+        self._make_async = functools.partial(
+            AsyncPostgresInboxStore, conninfo, schema=schema, consumer=consumer, pool_size=pool_size
+        )
         self._async: AsyncPostgresInboxStore | None = None
         self._making = threading.Lock()
 
     def for_async(self) -> InboxStore:
-        """See :meth:`kinbox.store.base.AsyncCapable.for_async` (made on first call)."""
+        """See :meth:`kinbox.store.async_base.AsyncCapable.for_async` (made on first call)."""
         with self._making:
             if self._async is None:
-                self._async = AsyncPostgresInboxStore(
-                    self._conninfo,
-                    schema=self._schema,
-                    consumer=self._consumer,
-                    pool_size=self._pool_size,
-                )
+                self._async = self._make_async()
             return self._async
 
     def close(self) -> None:

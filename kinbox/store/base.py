@@ -10,17 +10,13 @@ one contract suite (``tests/contract``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
-
-from kinbox.errors import ConfigurationError
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from kinbox.errors import StoreError
     from kinbox.event import Event
-
-T = TypeVar("T")
 
 
 class InboxTransaction(Protocol):
@@ -107,43 +103,6 @@ class InboxStore(Protocol):
 
     def close(self) -> None:
         """Release connections."""
-
-
-@runtime_checkable
-class AsyncCapable(Protocol):
-    """A store that can also run async handlers' transactions."""
-
-    def for_async(self) -> InboxStore:
-        """The same inbox (same tables, same consumer), whose transactions are :class:`Awaiting`.
-
-        Asked once per async route when the worker's batch code is set up;
-        it does no I/O then. Closing this store closes that one too.
-        """
-
-
-class Awaiting(InboxTransaction, Protocol):
-    """An inbox transaction whose connection is async: handlers' coroutines run on its loop."""
-
-    def wait(self, awaitable: Awaitable[T]) -> T:
-        """Run ``awaitable`` where the connection lives; block until it is done.
-
-        The calling (batch) thread waits meanwhile, so the connection has one
-        user at a time; its context variables go with the call.
-        """
-
-
-def async_store(store: InboxStore) -> InboxStore:
-    """``store``'s inbox for async handlers.
-
-    Raises:
-        ConfigurationError: ``store`` cannot run them (it has no ``for_async``).
-    """
-    if isinstance(store, AsyncCapable):
-        return store.for_async()
-    raise ConfigurationError(
-        f"an async handler needs an inbox store that runs async handlers; {store!r} does not "
-        "(it has no for_async())"
-    )
 
 
 def first_occurrences(events: Sequence[Event]) -> list[Event]:

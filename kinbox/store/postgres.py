@@ -2,9 +2,9 @@
 
 :class:`InboxStore` is the seam the runner depends on (a fake implements it
 in the unit tests); :class:`PostgresInboxStore` is the real one, on a
-``psycopg_pool`` pool (async handlers' variant, the same code on an async
-pool: :mod:`kinbox.store.awaiting`). Every psycopg error leaving this module is translated
-(:mod:`kinbox.store.errors`) to :class:`~kinbox.errors.StoreError` with
+``psycopg_pool`` pool (for async handlers, the same code on an async pool:
+:mod:`kinbox.store.awaiting`). Every psycopg error leaving this module is
+translated (:mod:`kinbox.store.errors`) to :class:`~kinbox.errors.StoreError` with
 ``transient`` set when trying again may succeed. What kinbox writes here
 that comes from a record or an exception (a reason) is made storable first:
 NUL and lone surrogates escaped (:func:`kinbox.describe.clean`), and every
@@ -45,9 +45,17 @@ class PostgresInboxStore:
     def __init__(self, conninfo: str, *, schema: str, consumer: str, pool_size: int = 2) -> None:
         self._schema = sql_identifier(schema, setting="schema")
         self._consumer = consumer
-        self._conninfo = conninfo
-        self._pool_size = pool_size
-        self._pool: Any = self._make_pool()
+        # check_connection costs one round trip per checkout but turns a
+        # connection killed by a server restart into a fresh one instead of a
+        # failed batch.
+        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max(1, pool_size),
+            open=False,
+            check=ConnectionPool.check_connection,
+            name="kinbox-inbox",
+        )
         # One statement decides which events are fresh. The primary key
         # (consumer, event_id) makes a second delivery conflict with the first
         # one's row, or wait for the first one's transaction and then
@@ -81,20 +89,6 @@ class PostgresInboxStore:
             "UPDATE {}.processed_events SET status = 'dead_lettered', reason = %s"
             " WHERE consumer = %s AND event_id = %s"
         ).format(table)
-
-    def _make_pool(self) -> Any:
-        """The pool the transactions take their connection from (async in a subclass)."""
-        # check_connection costs one round trip per checkout but turns a
-        # connection killed by a server restart into a fresh one instead of a
-        # failed batch.
-        return ConnectionPool(
-            self._conninfo, check=ConnectionPool.check_connection, name="kinbox-inbox",
-            **self._pool_sizes(),
-        )  # fmt: skip
-
-    def _pool_sizes(self) -> dict[str, Any]:
-        """The pool's size options (the async store's pool has the same), not opened yet."""
-        return {"min_size": 1, "max_size": max(1, self._pool_size), "open": False}
 
     def open(self, timeout: float = 30.0) -> None:
         """Open the pool and check that ``kinbox migrate`` has run.

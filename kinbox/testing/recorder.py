@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from kinbox.errors import StoreError
 from kinbox.event import Event
-from kinbox.store.base import InboxStore, InboxTransaction, async_store
+from kinbox.store.async_base import async_store
+from kinbox.store.base import InboxStore, InboxTransaction
 
 Coordinates = tuple[str, int, int]
 """A record's ``(topic, partition, offset)``."""

@@ -12,10 +12,9 @@ suite (``tests/contract``) runs the same tests over it and the real store.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import psycopg
 
@@ -24,7 +23,7 @@ from kinbox.errors import StoreError
 from kinbox.event import Event
 from kinbox.store.base import first_occurrences
 from kinbox.store.errors import left_aborted, transient_cause, translate
-from kinbox.store.loop import awaited
+from kinbox.testing.awaiting import AwaitsAlone
 
 
 def _aborted() -> StoreError:
@@ -70,7 +69,7 @@ class FakeConn:
         raise exc
 
 
-class FakeTransaction:
+class FakeTransaction(AwaitsAlone):
     """One open transaction of :class:`FakeStore` (an ``InboxTransaction``)."""
 
     def __init__(self, store: FakeStore, mark: int) -> None:
@@ -157,10 +156,6 @@ class FakeTransaction:
             raise translate(exc, own=False) from exc
         if self.connection.aborted:
             raise left_aborted()
-
-    def wait(self, awaitable: Awaitable[T]) -> T:
-        """Run an async handler's call to its end, on an event loop of its own."""
-        return asyncio.run(awaited(awaitable))
 
     def outage(self, exc: BaseException) -> StoreError | None:
         """See :meth:`~kinbox.store.base.InboxTransaction.outage` (the real store's rule)."""
@@ -269,9 +264,6 @@ class FakeStore:
     def close(self) -> None:
         """Mark the store closed."""
         self.closed = True
-
-
-T = TypeVar("T")
 
 
 class _RolledBack(Exception):

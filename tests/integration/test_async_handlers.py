@@ -19,8 +19,8 @@ from kinbox.devstack.stack import Stack
 from kinbox.errors import DeadLetter, StoreError, TransactionControlError
 from kinbox.event import Event
 from kinbox.params.wrap import prepare
+from kinbox.store.async_base import Awaiting
 from kinbox.store.awaiting import AsyncPostgresInboxStore, MixedInboxStore
-from kinbox.store.base import Awaiting
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import dead_letters, header, running, statuses
 from tests.integration.inbox_support import committed, effects, produce, settings
