@@ -108,20 +108,18 @@ class AsyncPostgresInboxStore(PostgresInboxStore):
 class _AwaitingTransaction(_PostgresTransaction):
     """The inbox transaction on a :class:`SyncConnection`; handlers get the async one."""
 
-    _conn: SyncConnection
-
     @property
     def connection(self) -> psycopg.AsyncConnection[Any]:
-        return self._conn.async_connection
+        return self.bridged.async_connection
 
     @property
     def bridged(self) -> SyncConnection:
         """The same connection with a blocking API, for code that is not async."""
-        return self._conn
+        return cast(SyncConnection, self._conn)  # what the async pool hands out
 
     def wait(self, awaitable: Awaitable[T]) -> T:
         """See :meth:`kinbox.store.async_base.Awaiting.wait`."""
-        return self._conn.loop.run(awaited(awaitable))
+        return self.bridged.loop.run(awaited(awaitable))
 
 
 class MixedInboxStore(PostgresInboxStore):

@@ -128,9 +128,12 @@ class PostgresInboxStore:
 
 
 class _PostgresTransaction:
-    # conn: a psycopg Connection, or a kinbox.store.bridge.SyncConnection
-    # over an AsyncConnection; the statements are the same.
-    def __init__(self, conn: Any, consumer: str, store: PostgresInboxStore) -> None:
+    # conn: a psycopg Connection, or (kinbox.store.awaiting) a
+    # kinbox.store.bridge.SyncConnection with the same API over an
+    # AsyncConnection; the statements are the same.
+    def __init__(
+        self, conn: psycopg.Connection[Any], consumer: str, store: PostgresInboxStore
+    ) -> None:
         self._conn = conn
         self._consumer = consumer
         self._store = store
