@@ -3,8 +3,8 @@
 Real ``kinbox worker`` subprocesses; the crash is a real SIGKILL from a
 failpoint (``KINBOX_FAILPOINTS``), the stop a real SIGTERM. After each, a clean
 worker drains the topic and the invariants are checked in the database and on
-the broker. Scenarios 1 and 2 run for the sync handler and for its ``async def``
-twin (``FAULT_HANDLER``, :mod:`tests.support.effect_app`).
+the broker. Each runs for the sync handler and for its ``async def`` twin
+(``FAULT_HANDLER``, :mod:`tests.support.effect_app`).
 """
 
 from __future__ import annotations
@@ -56,8 +56,11 @@ def test_sigkill_after_db_commit_before_offset_commit(run: Run, handler: str) ->
     assert outcome.duplicates_suppressed >= 1, outcome
 
 
-@scenario("3", "worker stopped mid-batch", fault="SIGTERM mid-batch")
-def test_sigterm_mid_batch_finishes_the_batch_without_redelivery(run: Run) -> None:
+@scenario(
+    "3", "worker stopped mid-batch ({case})", fault="SIGTERM mid-batch", cases=HANDLERS
+)  # fmt: skip
+def test_sigterm_mid_batch_finishes_the_batch_without_redelivery(run: Run, handler: str) -> None:
+    run.factory.handler = handler
     produced = run.produce()
     after = run.rng.randint(10, len(produced.records) // 2)
     with run.sampling():
