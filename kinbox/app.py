@@ -18,6 +18,7 @@ from kinbox.config import Settings
 from kinbox.errors import ConfigurationError
 from kinbox.middleware.base import Middleware
 from kinbox.names import topic_name
+from kinbox.params.signature import awaits
 from kinbox.params.wrap import prepare
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -134,7 +135,9 @@ class App:
         the value: a pydantic model, a dataclass, ``dict``, ``bytes``,
         ``str``), plus any of ``event: Event``, ``tx`` and ``session: Session``
         (SQLAlchemy, in the inbox transaction). A payload that does not
-        decode is dead-lettered at once with reason ``payload``.
+        decode is dead-lettered at once with reason ``payload``. An ``async
+        def`` function is awaited, with a psycopg ``AsyncConnection`` as its
+        ``tx`` (or an ``AsyncSession``), in the same inbox transaction.
 
         Args:
             topic: a legal Kafka topic name, registered at most once per app.
@@ -182,7 +185,8 @@ class App:
                 value_deserializer=value_deserializer,
                 default_deserializer=self._value_deserializer,
             )
-            route = Route(topic, fn, kind_for(call, batch=batch), max_attempts, dead_letter_topic)
+            kind = kind_for(call, batch=batch, awaits=awaits(fn))
+            route = Route(topic, fn, kind, max_attempts, dead_letter_topic)
             existing = self._routes.get(topic)
             if existing is not None:
                 raise ConfigurationError(

@@ -16,6 +16,8 @@
     │                                                  (in kinbox.failpoints: crash tests only)
     ├── TransactionControlError                        a handler tried to end the inbox
     │                                                  transaction (commit or roll back) itself
+    ├── HandlerCancelled                               an async handler's coroutine was
+    │                                                  cancelled: a failed try of its event
     ├── RedeliveryUnsafe(KinboxError, AssertionError)  a handler's effect changed on redelivery
     │                                                  (in kinbox.testing: users' tests only)
     └── (control flow, never logged as errors)
@@ -131,6 +133,15 @@ class TransactionControlError(KinboxError):
     Raised, for example, by ``session.connection().commit()`` on the
     SQLAlchemy session kinbox hands out (``session.commit()`` itself is
     harmless there: it only ends the session's own savepoint).
+    """
+
+
+class HandlerCancelled(KinboxError):
+    """An async handler's coroutine ended cancelled (``asyncio.CancelledError``).
+
+    Translated so that it is a failure of the event, tried again and in the
+    end dead-lettered like any exception of a handler, never a
+    ``BaseException`` that would end the worker on every redelivery.
     """
 
 

@@ -88,7 +88,8 @@ class BatchProcessor:
 
     Args:
         routes: handlers by topic.
-        store: the inbox.
+        store: the inbox (each route's kind may pick its variant:
+            :meth:`~kinbox.apply.route.HandlerKind.pick_store`).
         id_headers: event id headers, in order of preference.
         publisher: where dead letters go.
         consumer: the consumer group, written into dead letters.
@@ -113,7 +114,10 @@ class BatchProcessor:
         dead_letter_limits: Mapping[str, int] | None = None,
     ) -> None:
         self._routes = routes
-        self._store = store
+        # Each route's transactions run in the store its kind picks (an
+        # async handler's: the same inbox on an AsyncConnection), chosen now,
+        # so no batch asks which kind it holds.
+        self._stores = {topic: route.kind.pick_store(store) for topic, route in routes.items()}
         self._id_headers = tuple(id_headers)
         self._publisher: Publisher = publisher or _NoPublisher()
         self._chain = Chain(middleware)
@@ -196,7 +200,7 @@ class BatchProcessor:
         ready = False  # the body ran to its end: a StoreError now is COMMIT's
         committing = 0  # when COMMIT began (time.time_ns), for after_step
         try:
-            with self._store.transaction() as tx:
+            with self._stores[route.topic].transaction() as tx:
                 fresh = self._claim(tx, events)
                 runnable = []
                 for event in fresh:

@@ -4,8 +4,16 @@
 :class:`WholeBatch` calls ``fn(events, tx)`` once per partition batch. The
 registry picks one (:func:`kind_for`), the way FastStream's subscriber
 factory picks a use case, and the dispatcher runs whichever it is given:
-nothing on the hot path asks which kind it holds. A new kind (async, typed
-payloads) is a new class here, not a new branch in the dispatcher.
+nothing on the hot path asks which kind it holds. A new kind is a new class
+here, not a new branch in the dispatcher.
+
+``async def`` handlers are :class:`AwaitedEachEvent` and
+:class:`AwaitedWholeBatch`: the same passes, savepoints and verdicts as their
+sync parents, with one difference, the call. It runs ``await fn(event,
+conn)`` on the event loop that owns the transaction's ``AsyncConnection``
+(:class:`~kinbox.store.async_base.Awaiting`), while the batch thread waits; their
+:meth:`pick_store` asks the worker's store for the same inbox on an async
+connection, once, when the worker starts.
 
 Both kinds judge failures the same way, through :class:`~kinbox.apply.route.Calls`:
 an outage propagates, a failure that will be tried again stops the pass
@@ -16,12 +24,14 @@ dead-lettered in place (careful pass) or abandons the optimistic pass
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from kinbox.apply.outcome import Abandoned, HandlerFailed, Verdict
 from kinbox.apply.route import Calls, HandlerKind
 from kinbox.event import Event
+from kinbox.store.async_base import Awaiting, async_store
+from kinbox.store.base import InboxStore
 
 
 class EachEvent:
@@ -70,6 +80,10 @@ class EachEvent:
                 raise HandlerFailed(event, exc) from exc
             calls.dead_letter(event, reason, exc)
 
+    def pick_store(self, store: InboxStore) -> InboxStore:
+        """See :meth:`HandlerKind.pick_store`: ``store`` itself."""
+        return store
+
 
 class WholeBatch:
     """``fn(events, tx)`` once per partition batch, under one savepoint.
@@ -112,7 +126,51 @@ class WholeBatch:
         connection = calls.tx.connection
         calls.around_events(events, lambda evs: self._fn(list(evs), connection))
 
+    def pick_store(self, store: InboxStore) -> InboxStore:
+        """See :meth:`HandlerKind.pick_store`: ``store`` itself."""
+        return store
 
-def kind_for(fn: Callable[..., object], *, batch: bool) -> HandlerKind:
-    """The kind that calls ``fn``: :class:`WholeBatch` if ``batch``, else :class:`EachEvent`."""
+
+class AwaitedEachEvent(EachEvent):
+    """``await fn(event, conn)`` per fresh event, ``conn`` the ``AsyncConnection``.
+
+    Everything but the call is :class:`EachEvent`'s.
+    """
+
+    def pick_store(self, store: InboxStore) -> InboxStore:
+        """See :meth:`HandlerKind.pick_store`: the inbox on an async connection."""
+        return async_store(store)
+
+    def _call(self, calls: Calls, event: Event) -> None:
+        tx = cast(Awaiting, calls.tx)  # pick_store chose a store whose transactions are
+        connection = tx.connection
+        calls.around_event(event, lambda e: tx.wait(_awaitable(self._fn(e, connection))))
+
+
+class AwaitedWholeBatch(WholeBatch):
+    """``await fn(events, conn)`` once per partition batch, ``conn`` the ``AsyncConnection``.
+
+    Everything but the call is :class:`WholeBatch`'s.
+    """
+
+    def pick_store(self, store: InboxStore) -> InboxStore:
+        """See :meth:`HandlerKind.pick_store`: the inbox on an async connection."""
+        return async_store(store)
+
+    def _call(self, calls: Calls, events: list[Event]) -> None:
+        tx = cast(Awaiting, calls.tx)
+        connection = tx.connection
+        calls.around_events(
+            events, lambda evs: tx.wait(_awaitable(self._fn(list(evs), connection)))
+        )
+
+
+def _awaitable(result: object) -> Awaitable[object]:
+    return cast(Awaitable[object], result)
+
+
+def kind_for(fn: Callable[..., object], *, batch: bool, awaits: bool = False) -> HandlerKind:
+    """The kind that calls ``fn``: per batch if ``batch``, else per event; awaited if ``awaits``."""
+    if awaits:
+        return AwaitedWholeBatch(fn) if batch else AwaitedEachEvent(fn)
     return WholeBatch(fn) if batch else EachEvent(fn)

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kinbox.event import Event
 
 if TYPE_CHECKING:
-    from kinbox.store.base import InboxTransaction
+    from kinbox.store.base import InboxStore, InboxTransaction
 
 EventHandler = Callable[[Event, Any], object]
-"""``handler(event, tx)``: ``tx`` is the psycopg ``Connection``, inside the inbox transaction."""
+"""``handler(event, tx)``: ``tx`` is the psycopg ``Connection`` (an ``AsyncConnection`` for
+an ``async def`` handler), inside the inbox transaction."""
 BatchHandler = Callable[[list[Event], Any], object]
 """``handler(events, tx)``: the fresh events of one partition batch, in offset order."""
 
@@ -72,6 +73,17 @@ class HandlerKind(Protocol):
             HandlerFailed: a call failed and the event will be tried again.
             Abandoned: the optimistic pass met a permanent failure.
             StoreError: the database went away (also when a handler saw it).
+        """
+
+    def pick_store(self, store: InboxStore) -> InboxStore:
+        """The store this kind's transactions run in, given the worker's (asked once, at start).
+
+        ``store`` itself for a sync function; the same inbox on an async
+        connection (:meth:`~kinbox.store.async_base.AsyncCapable.for_async`) for an
+        ``async def`` one.
+
+        Raises:
+            ConfigurationError: ``store`` cannot give what the kind needs.
         """
 
 

@@ -31,7 +31,7 @@ from kinbox.kafka.base import Transport
 from kinbox.ops.health import Health, HealthServer, ObservedTransport
 from kinbox.otel.instruments import metrics_on
 from kinbox.otel.setup import configure as configure_telemetry
-from kinbox.store.postgres import PostgresInboxStore
+from kinbox.store.awaiting import MixedInboxStore
 from kinbox.store.probe import ping
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def run(app: App, settings: Settings) -> None:
     # configuration and connects to nothing, so a bad -X is reported as such
     # even while the database is unreachable.
     transport = KafkaTransport(settings, lag, on_wedged=_wedged)
-    store = PostgresInboxStore(
+    store = MixedInboxStore(
         settings.database_url,
         schema=settings.schema,
         consumer=settings.group_id,

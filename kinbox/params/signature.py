@@ -8,6 +8,7 @@ their annotation (FastStream's ``msg: KafkaMessage``). In kinbox::
     def h(payload: Lesson, tx)                  the value decoded into Lesson
     def h(payload: Lesson, tx, event: Event)    both: a parameter annotated Event gets the event
     def h(payload: Lesson, session: Session)    a SQLAlchemy Session in the inbox transaction
+    async def h(payload: Lesson, session: AsyncSession)   the same, awaited; tx: AsyncConnection
     def h(payload: Lesson)                      the payload alone
 
     @handler("t", batch=True)
@@ -23,8 +24,8 @@ The rules, in order:
   payloads.
 - Every **other** parameter gets what its annotation names: ``Event`` (in a
   batch handler ``list[Event]``) the event(s); a SQLAlchemy ``Session`` (or a
-  subclass) a session bound to the inbox transaction
-  (:mod:`kinbox.store.orm`); anything else that reads as a connection — no
+  subclass; an ``AsyncSession`` for an ``async def`` handler) a session bound
+  to the inbox transaction (:mod:`kinbox.store.orm`); anything else that reads as a connection — no
   annotation, ``Any``, ``object``, a psycopg type, or an annotation that
   cannot be resolved at registration (an import under ``TYPE_CHECKING``) —
   the psycopg connection ``tx``; so does the second parameter whatever its
@@ -103,6 +104,14 @@ LEGACY = Plan((Param("event", "event"), Param("tx", "connection")))
 _ANY = (Any, object, inspect.Parameter.empty)
 
 
+def awaits(fn: Callable[..., object]) -> bool:
+    """Whether ``fn`` is an ``async def`` handler (a function, a partial, a callable instance)."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 - the class's, not the instance's
+    return not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
+
+
 def plan_for(
     fn: Callable[..., object], *, batch: bool, where: str, deserializing: bool = False
 ) -> Plan:
@@ -155,7 +164,9 @@ def plan_for(
         if source == "connection" and any(p.source == "connection" for p in params):
             source = None  # a second connection: only a default may stand in for it
         if source == "session":
-            session = _session_class(hints[parameter.name], where=f"{where} {_name(parameter)}")
+            session = _session_class(
+                hints[parameter.name], where=f"{where} {_name(parameter)}", awaits=awaits(fn)
+            )
             if any(p.source == "session" for p in params):
                 source = None
         if source is None:
@@ -242,15 +253,19 @@ def _names_events(annotation: object) -> bool:
     return annotation is Event or (item is not None and strip(item) is Event)
 
 
-def _session_class(annotation: object, *, where: str) -> type:
+def _session_class(annotation: object, *, where: str, awaits: bool) -> type:
     annotation = strip(annotation)
     assert isinstance(annotation, type)
-    if _subclass_of(annotation, "sqlalchemy.ext.asyncio", "AsyncSession"):
-        # The hook for async handlers: they will get an AsyncSession over the
-        # AsyncConnection the same way (kinbox.store.orm says how).
+    asynchronous = _subclass_of(annotation, "sqlalchemy.ext.asyncio", "AsyncSession")
+    if asynchronous and not awaits:
         _refuse(
-            f"{where}: an AsyncSession needs an async handler, which kinbox does not run yet; "
-            "annotate a sync handler's parameter with sqlalchemy.orm.Session"
+            f"{where}: an AsyncSession needs an async def handler; annotate a sync handler's "
+            "parameter with sqlalchemy.orm.Session"
+        )
+    if awaits and not asynchronous:
+        _refuse(
+            f"{where}: an async def handler runs on an AsyncConnection, so its session is an "
+            "AsyncSession; annotate the parameter with sqlalchemy.ext.asyncio.AsyncSession"
         )
     return annotation
 

@@ -4,6 +4,9 @@
 and builds, once, the function that decodes the payload, opens a session if
 one is asked for, and calls the handler with each parameter filled. A handler
 written the old way, ``(event, tx)``, is returned unchanged: it costs nothing.
+For an ``async def`` handler the function returns what the handler returns,
+a coroutine, which its kind awaits (the payload is decoded before, in the
+call itself).
 The kinds (:mod:`kinbox.apply.kinds`) never know the difference, so the
 claim, the savepoints, the verdicts and the dead letters work as for any
 handler; a payload that does not decode raises
@@ -19,7 +22,7 @@ from typing import Any
 
 from kinbox.event import Event
 from kinbox.params.payload import Decode, decoder
-from kinbox.params.signature import Plan, plan_for
+from kinbox.params.signature import Plan, awaits, plan_for
 
 # Where each source sits in the tuple of values a call has at hand.
 _INDEX = {"payload": 0, "event": 1, "connection": 2, "session": 3}
@@ -60,7 +63,11 @@ def prepare(
     if plan.payload is not None:
         decode = decoder(plan.payload, deserializer, where=where)
     invoke = _invoker(fn, plan)
-    if plan.session is not None:
+    if plan.session is not None and awaits(fn):
+        from kinbox.store.orm_async import AsyncSessions  # loaded only for handlers that ask
+
+        invoke = AsyncSessions(plan.session).around(invoke)
+    elif plan.session is not None:
         from kinbox.store.orm import Sessions  # loaded only for handlers that ask for one
 
         invoke = Sessions(plan.session).around(invoke)

@@ -2,8 +2,15 @@
 
 ==============  ===============================================================
 ``base``        the seam: :class:`InboxStore` and :class:`InboxTransaction`
-                (driver-free)
+                (driver-free), and what async handlers need of it
 ``postgres``    :class:`PostgresInboxStore`, on a psycopg_pool pool
+``awaiting``    the same store on an ``AsyncConnectionPool`` for async
+                handlers, and the worker's :class:`MixedInboxStore`
+``bridge``      psycopg's async pool and connection with the blocking API
+                ``postgres`` uses, each call run on the loop
+``loop``        the event loop thread async handlers run on
+``orm``         a SQLAlchemy ``Session`` bound to the inbox transaction
+``orm_async``   the ``AsyncSession`` twin, for async handlers
 ``errors``      psycopg errors → :class:`~kinbox.errors.StoreError`: which are
                 outages, which are refusals of content
 ``schema``      the inbox's tables, as versioned migration steps

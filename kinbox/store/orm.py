@@ -37,10 +37,11 @@ The price: a ``SAVEPOINT`` and a ``RELEASE`` per call that uses the session
 ORM's statements. kinbox's savepoints (the careful pass) wrap the session's,
 so redoing a batch after a poison event works unchanged.
 
-For async handlers (to come) the same binding applies with
-``create_async_engine(async_creator=...)`` over kinbox's ``AsyncConnection``
-and the async flavour of this dialect; :func:`kinbox.params.signature.plan_for`
-already recognises ``AsyncSession`` and refuses it on a sync handler.
+An ``async def`` handler's parameter annotated ``AsyncSession`` gets the same
+binding over its ``AsyncConnection`` (:mod:`kinbox.store.orm_async`):
+``create_async_engine(async_creator=...)`` and the async flavour of this
+dialect, with the same refusals. :func:`kinbox.params.signature.plan_for`
+refuses an ``AsyncSession`` on a sync handler and a ``Session`` on an async one.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
 from sqlalchemy import Engine, create_engine
@@ -62,7 +63,7 @@ from kinbox.errors import TransactionControlError
 Invoke = Callable[[object, object, Any, Any], object]
 """``invoke(payload, event, tx, session)`` (:mod:`kinbox.params.wrap`): the handler, filled in."""
 
-_IN_HANDLER = contextvars.ContextVar("kinbox_in_handler", default=False)
+IN_HANDLER = contextvars.ContextVar("kinbox_in_handler", default=False)
 """True while a handler runs: a ROLLBACK that SQLAlchemy would send then comes from it."""
 
 _DIALECT = "kinbox_psycopg"
@@ -83,7 +84,7 @@ class InboxDialect(PGDialect_psycopg):
 
     def do_rollback(self, dbapi_connection: Any) -> None:
         """Refuse inside a handler; elsewhere SQLAlchemy only tidies up, and nothing is sent."""
-        if _IN_HANDLER.get():
+        if IN_HANDLER.get():
             raise TransactionControlError(
                 "a handler cannot roll back the inbox transaction: raise an exception to undo "
                 "the event's work (session.rollback() is fine: it undoes the session's own work)"
@@ -115,11 +116,11 @@ class Sessions:
                 session = self._session_class(
                     bind=connection, join_transaction_mode="create_savepoint"
                 )
-                token = _IN_HANDLER.set(True)
+                token = IN_HANDLER.set(True)
                 try:
                     result = invoke(payload, event, tx, session)
                 finally:
-                    _IN_HANDLER.reset(token)
+                    IN_HANDLER.reset(token)
                 # Flush what is pending and release the session's savepoint:
                 # the work stays in the inbox transaction and commits with it.
                 session.commit()
@@ -134,31 +135,58 @@ class Sessions:
         return with_session
 
 
-_engines: dict[int, tuple[psycopg.Connection[Any], Engine]] = {}
-_lock = threading.Lock()
+class _Closable(Protocol):
+    @property
+    def closed(self) -> bool: ...
+
+
+C = TypeVar("C", bound=_Closable)
+E = TypeVar("E")
+
+
+class EngineCache(Generic[C, E]):
+    """One engine per connection of kinbox's pool, made on first use, forgotten once it closes.
+
+    Args:
+        make: the engine over one connection.
+        dispose: releases an engine whose connection kinbox's pool dropped.
+    """
+
+    def __init__(self, make: Callable[[C], E], dispose: Callable[[E], None]) -> None:
+        self._make = make
+        self._dispose = dispose
+        self._engines: dict[int, tuple[C, E]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, connection: C) -> E:
+        """The engine over ``connection``."""
+        entry = self._engines.get(id(connection))
+        if entry is not None and entry[0] is connection:
+            return entry[1]
+        with self._lock:
+            # A connection kinbox's pool dropped (after an outage) is closed:
+            # forget its engine, so the cache holds only the pool's connections.
+            for key, (held, engine) in list(self._engines.items()):
+                if held.closed or held is connection:
+                    self._dispose(engine)
+                    del self._engines[key]
+            engine = self._make(connection)
+            self._engines[id(connection)] = (connection, engine)
+            return engine
+
+
+def _engine(connection: psycopg.Connection[Any]) -> Engine:
+    return create_engine(
+        f"postgresql+{_DIALECT}://",
+        creator=lambda: connection,
+        poolclass=StaticPool,
+        pool_reset_on_return=None,
+    )
+
+
+_engines: EngineCache[psycopg.Connection[Any], Engine] = EngineCache(_engine, Engine.dispose)
 
 
 def engine_for(connection: psycopg.Connection[Any]) -> Engine:
     """The Engine over ``connection`` (made on first use, forgotten once it is closed)."""
-    entry = _engines.get(id(connection))
-    if entry is not None and entry[0] is connection:
-        return entry[1]
-    with _lock:
-        # A connection kinbox's pool dropped (after an outage) is closed:
-        # forget its engine, so the cache holds only the pool's connections.
-        for key, (held, engine) in list(_engines.items()):
-            if held.closed or held is connection:
-                engine.dispose()
-                del _engines[key]
-        engine = create_engine(
-            f"postgresql+{_DIALECT}://",
-            creator=_constant(connection),
-            poolclass=StaticPool,
-            pool_reset_on_return=None,
-        )
-        _engines[id(connection)] = (connection, engine)
-        return engine
-
-
-def _constant(connection: psycopg.Connection[Any]) -> Callable[[], psycopg.Connection[Any]]:
-    return lambda: connection
+    return _engines.get(connection)

@@ -2,8 +2,9 @@
 
 :class:`InboxStore` is the seam the runner depends on (a fake implements it
 in the unit tests); :class:`PostgresInboxStore` is the real one, on a
-``psycopg_pool`` pool. Every psycopg error leaving this module is translated
-(:mod:`kinbox.store.errors`) to :class:`~kinbox.errors.StoreError` with
+``psycopg_pool`` pool (for async handlers, the same code on an async pool:
+:mod:`kinbox.store.awaiting`). Every psycopg error leaving this module is
+translated (:mod:`kinbox.store.errors`) to :class:`~kinbox.errors.StoreError` with
 ``transient`` set when trying again may succeed. What kinbox writes here
 that comes from a record or an exception (a reason) is made storable first:
 NUL and lone surrogates escaped (:func:`kinbox.describe.clean`), and every
@@ -110,7 +111,7 @@ class PostgresInboxStore:
         """See :meth:`InboxStore.transaction`."""
         try:
             with self._pool.connection() as conn, conn.transaction():
-                yield _PostgresTransaction(conn, self._consumer, self)
+                yield self._transaction_type(conn, self._consumer, self)
         except psycopg.Error as exc:
             # What gets here untranslated comes from taking a connection,
             # BEGIN, COMMIT or ROLLBACK: COMMIT runs the handlers' deferred
@@ -121,8 +122,15 @@ class PostgresInboxStore:
         """Close the pool."""
         self._pool.close()
 
+    @property
+    def _transaction_type(self) -> type[_PostgresTransaction]:
+        return _PostgresTransaction
+
 
 class _PostgresTransaction:
+    # conn: a psycopg Connection, or (kinbox.store.awaiting) a
+    # kinbox.store.bridge.SyncConnection with the same API over an
+    # AsyncConnection; the statements are the same.
     def __init__(
         self, conn: psycopg.Connection[Any], consumer: str, store: PostgresInboxStore
     ) -> None:
@@ -131,7 +139,7 @@ class _PostgresTransaction:
         self._store = store
 
     @property
-    def connection(self) -> psycopg.Connection[Any]:
+    def connection(self) -> Any:
         return self._conn
 
     def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:

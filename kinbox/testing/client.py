@@ -1,9 +1,10 @@
 """Test an app's handlers against the real inbox on a real PostgreSQL, with no Kafka.
 
 :class:`InboxTestClient` hands records straight to the worker's own batch
-code — :class:`~kinbox.apply.batch.BatchProcessor` over
-:class:`~kinbox.store.postgres.PostgresInboxStore`, the app's middleware
-around them — so a test goes through the same claim, transaction, savepoints,
+code — :class:`~kinbox.apply.batch.BatchProcessor` over the worker's
+:class:`~kinbox.store.awaiting.MixedInboxStore` (async handlers on its
+``AsyncConnection`` s, as in the worker), the app's middleware around
+them — so a test goes through the same claim, transaction, savepoints,
 narrowing and dead-letter bookkeeping as production. Only the broker is
 missing: the client places each message on a partition at the next offset,
 and a :class:`~kinbox.testing.FakePublisher` takes the dead letters.
@@ -34,8 +35,9 @@ from kinbox.consume.envelope import Record
 from kinbox.errors import ConfigurationError
 from kinbox.kafka.base import Partition
 from kinbox.names import sql_identifier
+from kinbox.store.awaiting import MixedInboxStore
 from kinbox.store.migrations import Component
-from kinbox.store.postgres import PostgresInboxStore, apply_migrations
+from kinbox.store.postgres import apply_migrations
 from kinbox.store.schema import INBOX
 from kinbox.testing.messages import FRESH, Fresh, Headers, Message
 from kinbox.testing.publisher import FakePublisher
@@ -120,9 +122,7 @@ class InboxTestClient:
 
             components.append(OUTBOX)
         apply_migrations(database_url, self.schema, components)
-        inner = PostgresInboxStore(
-            self.conninfo, schema=self.schema, consumer=self.settings.group_id
-        )
+        inner = MixedInboxStore(self.conninfo, schema=self.schema, consumer=self.settings.group_id)
         self.store = RecordingStore(inner)
         """The inbox store the batches go through (the real one, recorded)."""
         try:

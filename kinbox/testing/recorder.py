@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from kinbox.errors import StoreError
 from kinbox.event import Event
+from kinbox.store.async_base import async_store
 from kinbox.store.base import InboxStore, InboxTransaction
 
 Coordinates = tuple[str, int, int]
@@ -101,17 +102,28 @@ class RecordingStore:
         self.watch: Callable[[Any], None] | None = None
         self.injected: list[tuple[Fault, Coordinates]] = []
 
+    def for_async(self) -> InboxStore:
+        """``inner``'s store for async handlers, recorded into this store's ledger and faults."""
+        return _AsyncView(self, async_store(self._inner))
+
     @contextmanager
     def transaction(self) -> Iterator[InboxTransaction]:
         """See :meth:`~kinbox.store.base.InboxStore.transaction`; faults apply."""
+        with self.recorded(self._inner) as tx:
+            yield tx
+
+    @contextmanager
+    def recorded(self, inner: InboxStore) -> Iterator[InboxTransaction]:
+        """A transaction of ``inner`` (this store's, or its async one), recorded; faults apply."""
         notes = _Notes()
-        with self._inner.transaction() as tx:
+        with inner.transaction() as tx:
             yield _RecordingTransaction(tx, notes)
             # Reached only when the body ended normally: the handlers ran, the
             # dead letters were acknowledged, COMMIT comes next.
             fault = self._take_fault(notes)
             if notes.fresh and self.watch is not None:
-                self.watch(tx.connection)
+                # An async transaction's connection has a blocking face too.
+                self.watch(getattr(tx, "bridged", tx.connection))
             if fault == "crash":
                 raise InjectedCrash(f"injected: the worker died before COMMIT of {notes.fresh}")
             if fault == "transient":
@@ -140,6 +152,20 @@ class RecordingStore:
     def close(self) -> None:
         """Close ``inner``."""
         self._inner.close()
+
+
+class _AsyncView:
+    """The async side of a :class:`RecordingStore`: its transactions are recorded there."""
+
+    def __init__(self, recorder: RecordingStore, inner: InboxStore) -> None:
+        self._recorder = recorder
+        self._inner = inner
+
+    def transaction(self) -> AbstractContextManager[InboxTransaction]:
+        return self._recorder.recorded(self._inner)
+
+    def close(self) -> None:
+        """Nothing: the recorder closes its inner store, which closes this one's."""
 
 
 class _RecordingTransaction:

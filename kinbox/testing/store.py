@@ -23,6 +23,7 @@ from kinbox.errors import StoreError
 from kinbox.event import Event
 from kinbox.store.base import first_occurrences
 from kinbox.store.errors import left_aborted, transient_cause, translate
+from kinbox.testing.awaiting import AwaitsAlone
 
 
 def _aborted() -> StoreError:
@@ -68,7 +69,7 @@ class FakeConn:
         raise exc
 
 
-class FakeTransaction:
+class FakeTransaction(AwaitsAlone):
     """One open transaction of :class:`FakeStore` (an ``InboxTransaction``)."""
 
     def __init__(self, store: FakeStore, mark: int) -> None:
@@ -255,6 +256,10 @@ class FakeStore:
         if self.lose_after_commit:
             self.lose_after_commit -= 1
             raise StoreError("OperationalError: connection lost during COMMIT", transient=True)
+
+    def for_async(self) -> FakeStore:
+        """Itself: its transactions also run async handlers (:meth:`FakeTransaction.wait`)."""
+        return self
 
     def close(self) -> None:
         """Mark the store closed."""

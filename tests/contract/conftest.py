@@ -21,20 +21,27 @@ from tests.contract.kafka_sides import (
     PublisherSide,
     TransportSide,
 )
-from tests.contract.store_sides import FakeSide, PostgresSide, StoreSide
+from tests.contract.store_sides import AsyncPostgresSide, FakeSide, PostgresSide, StoreSide
 
 REAL = pytest.mark.integration
 
 
-@pytest.fixture(params=["fake", pytest.param("postgres", marks=REAL)])
+@pytest.fixture(
+    params=[
+        "fake",
+        pytest.param("postgres", marks=REAL),
+        pytest.param("async-postgres", marks=REAL),
+    ]
+)
 def inbox(request: pytest.FixtureRequest) -> Iterator[StoreSide]:
-    """An inbox store, fake or PostgreSQL (its own schema and fault proxy)."""
+    """An inbox store, fake or PostgreSQL (its own schema and fault proxy), sync or async."""
     if request.param == "fake":
         yield FakeSide()
         return
     stack: Stack = request.getfixturevalue("stack")
     schema: str = request.getfixturevalue("schema")
-    with PostgresSide.running(stack.database_url, schema) as side:
+    side_class = PostgresSide if request.param == "postgres" else AsyncPostgresSide
+    with side_class.running(stack.database_url, schema) as side:
         yield side
 
 

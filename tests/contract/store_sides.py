@@ -1,4 +1,4 @@
-"""The two inbox stores under one contract: what a test does to each, and how it looks inside.
+"""The inbox stores under one contract: what a test does to each, and how it looks inside.
 
 A test speaks to the store only through the seam (:class:`InboxStore`) and a
 :class:`StoreSide`: the few things a handler does to ``tx`` (write, run a
@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from kinbox.store.async_base import Awaiting
+from kinbox.store.awaiting import AsyncPostgresInboxStore
 from kinbox.store.base import InboxStore, InboxTransaction
 from kinbox.store.postgres import PostgresInboxStore
 from kinbox.testing import FakeStore
@@ -132,9 +134,12 @@ class PostgresSide:
                     store.close()
 
     def _open(self, consumer: str) -> PostgresInboxStore:
-        store = PostgresInboxStore(self._via_proxy, schema=self._schema_name, consumer=consumer)
+        store = self.kind(self._via_proxy, schema=self._schema_name, consumer=consumer)
         store.open()
         return store
+
+    kind: type[PostgresInboxStore] = PostgresInboxStore
+    """The store class this side runs."""
 
     def other_consumer(self) -> InboxStore:
         self._stores.append(self._open(CONSUMER + "-other"))
@@ -159,14 +164,20 @@ class PostgresSide:
         return [r[0] for r in self._query(query)]
 
     def write(self, tx: InboxTransaction, value: str) -> None:
-        tx.connection.execute(self._insert, (value,))
+        self.handler_runs(tx, self._insert, (value,))
 
     def refused(self, tx: InboxTransaction) -> None:
-        tx.connection.execute("SELECT 1/0")
+        self.handler_runs(tx, sql.SQL("SELECT 1/0"))
 
     def outage(self, tx: InboxTransaction) -> None:
         # The server ends this backend, as an administrator or a restart would.
-        tx.connection.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        self.handler_runs(tx, sql.SQL("SELECT pg_terminate_backend(pg_backend_pid())"))
+
+    def handler_runs(
+        self, tx: InboxTransaction, statement: sql.SQL | sql.Composed, params: tuple[Any, ...] = ()
+    ) -> None:
+        """A handler's statement on ``tx.connection``."""
+        tx.connection.execute(statement, params)
 
     @contextlib.contextmanager
     def answer_lost(self) -> Iterator[None]:
@@ -180,3 +191,19 @@ class PostgresSide:
             happened = fired.wait(5)
             self._proxy.set_pass()
         assert happened, "no COMMIT went through the proxy"
+
+
+class AsyncPostgresSide(PostgresSide):
+    """:class:`AsyncPostgresInboxStore`: the same transaction code on an ``AsyncConnection``.
+
+    Its handler statements are awaited on the store's loop, as an async handler's are.
+    """
+
+    name = "async-postgres"
+    kind = AsyncPostgresInboxStore
+
+    def handler_runs(
+        self, tx: InboxTransaction, statement: sql.SQL | sql.Composed, params: tuple[Any, ...] = ()
+    ) -> None:
+        connection: psycopg.AsyncConnection[Any] = tx.connection
+        cast(Awaiting, tx).wait(connection.execute(statement, params))

@@ -19,7 +19,7 @@ from tests.support.fault_run import Run
 from tests.support.faultproxy import FaultProxy
 from tests.support.scenario import scenario
 from tests.support.waiting import wait_for
-from tests.support.workers import read_deliveries
+from tests.support.workers import HANDLERS, read_deliveries
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,13 @@ def fault_database_url(postgres: PostgresServer) -> str:
     return postgres.url
 
 
-@scenario("4a", "postgres restart", fault="pg restart -m immediate")
-def test_postgres_immediate_restart_mid_stream(run: Run, postgres: PostgresServer) -> None:
+@scenario(
+    "4a", "postgres restart ({case})", fault="pg restart -m immediate", cases=HANDLERS
+)  # fmt: skip
+def test_postgres_immediate_restart_mid_stream(
+    run: Run, postgres: PostgresServer, handler: str
+) -> None:
+    run.factory.handler = handler
     produced = run.produce()
     # The crash must meet an open transaction, whatever the machine's load: a
     # restart that fell between two batches (or after the last) could be met

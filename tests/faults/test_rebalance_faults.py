@@ -75,9 +75,14 @@ def _join_mid_batch(run: Run, protocol: str) -> tuple[Worker, Worker]:
 
 @scenario(
     "7", "rebalance in flight {case}", fault="member joins mid-batch, {case}", partitions=4,
-    cases={protocol: {"protocol": protocol} for protocol in PROTOCOLS},
+    cases={
+        **{protocol: {"protocol": protocol, "handler": "sync"} for protocol in PROTOCOLS},
+        # The async handler, under kinbox's default assignment
+        "cooperative-async": {"protocol": "cooperative", "handler": "async"},
+    },
 )  # fmt: skip
-def test_member_joins_while_a_batch_is_in_flight(run: Run, protocol: str) -> None:
+def test_member_joins_while_a_batch_is_in_flight(run: Run, protocol: str, handler: str) -> None:
+    run.factory.handler = handler
     run.produce(duplicates=run.rng.randint(0, 10))
     with run.sampling():
         first, joiner = _join_mid_batch(run, protocol)

@@ -3,7 +3,8 @@
 Real ``kinbox worker`` subprocesses; the crash is a real SIGKILL from a
 failpoint (``KINBOX_FAILPOINTS``), the stop a real SIGTERM. After each, a clean
 worker drains the topic and the invariants are checked in the database and on
-the broker.
+the broker. Each runs for the sync handler and for its ``async def`` twin
+(``FAULT_HANDLER``, :mod:`tests.support.effect_app`).
 """
 
 from __future__ import annotations
@@ -12,11 +13,15 @@ import signal
 
 from tests.support.fault_run import Run
 from tests.support.scenario import scenario
-from tests.support.workers import read_deliveries
+from tests.support.workers import HANDLERS, read_deliveries
 
 
-@scenario("1", "worker killed before commit", fault="SIGKILL before DB COMMIT")
-def test_sigkill_before_db_commit(run: Run) -> None:
+@scenario(
+    "1", "worker killed before commit ({case})", fault="SIGKILL before DB COMMIT",
+    cases=HANDLERS,
+)  # fmt: skip
+def test_sigkill_before_db_commit(run: Run, handler: str) -> None:
+    run.factory.handler = handler
     nth = run.rng.randint(1, 3)
     batch = run.rng.choice([5, 20, 50])
     run.produce(duplicates=run.rng.randint(0, 10))
@@ -31,8 +36,12 @@ def test_sigkill_before_db_commit(run: Run) -> None:
     run.finish()
 
 
-@scenario("2", "worker killed after commit", fault="SIGKILL after COMMIT, pre-offset")
-def test_sigkill_after_db_commit_before_offset_commit(run: Run) -> None:
+@scenario(
+    "2", "worker killed after commit ({case})", fault="SIGKILL after COMMIT, pre-offset",
+    cases=HANDLERS,
+)  # fmt: skip
+def test_sigkill_after_db_commit_before_offset_commit(run: Run, handler: str) -> None:
+    run.factory.handler = handler
     nth = run.rng.randint(1, 3)
     batch = run.rng.choice([5, 20, 50])
     run.produce(duplicates=run.rng.randint(0, 10))
@@ -47,8 +56,11 @@ def test_sigkill_after_db_commit_before_offset_commit(run: Run) -> None:
     assert outcome.duplicates_suppressed >= 1, outcome
 
 
-@scenario("3", "worker stopped mid-batch", fault="SIGTERM mid-batch")
-def test_sigterm_mid_batch_finishes_the_batch_without_redelivery(run: Run) -> None:
+@scenario(
+    "3", "worker stopped mid-batch ({case})", fault="SIGTERM mid-batch", cases=HANDLERS
+)  # fmt: skip
+def test_sigterm_mid_batch_finishes_the_batch_without_redelivery(run: Run, handler: str) -> None:
+    run.factory.handler = handler
     produced = run.produce()
     after = run.rng.randint(10, len(produced.records) // 2)
     with run.sampling():

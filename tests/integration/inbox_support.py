@@ -19,7 +19,7 @@ from kinbox.app import App
 from kinbox.config import Settings
 from kinbox.consume.runner import Runner
 from kinbox.kafka import KafkaPublisher, KafkaTransport
-from kinbox.store.postgres import PostgresInboxStore
+from kinbox.store.awaiting import MixedInboxStore
 from tests.integration.inbox_app import make_app
 from tests.support.database import Conn
 from tests.support.launch import FAST_GROUP, FAST_TIMINGS, ROOT, timing_env, worker_argv
@@ -94,7 +94,7 @@ def running(app: App, config: Settings, *, dead_letters: bool = False) -> Iterat
 
     ``dead_letters`` gives it a real dead-letter publisher, as ``kinbox worker`` has.
     """
-    store = PostgresInboxStore(config.database_url, schema=config.schema, consumer=config.group_id)
+    store = MixedInboxStore(config.database_url, schema=config.schema, consumer=config.group_id)
     store.open()
     publisher = KafkaPublisher(config) if dead_letters else None
     runner = Runner(app, config, KafkaTransport(config), store, publisher=publisher)

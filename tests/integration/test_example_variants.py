@@ -1,4 +1,4 @@
-"""examples/lessons' CompleteLesson variants (pydantic, SQLAlchemy), run against the real stack.
+"""examples/lessons' CompleteLesson variants (pydantic, SQLAlchemy, async), run on the real stack.
 
 Each variant's handler is registered as the example registers it, but on the
 test's own topic, group and schema; three completions (one delivered twice)
@@ -15,7 +15,7 @@ from types import ModuleType
 import psycopg
 import pytest
 
-from examples.lessons import app_pydantic, app_sqlalchemy
+from examples.lessons import app_async, app_async_sqlalchemy, app_pydantic, app_sqlalchemy
 from examples.lessons.app import create_tables
 from kinbox.devstack.stack import Stack
 from tests.conftest import MakeTopic
@@ -26,7 +26,11 @@ from tests.support.database import Conn
 from tests.support.waiting import wait_for
 
 
-@pytest.mark.parametrize("variant", [app_pydantic, app_sqlalchemy], ids=["pydantic", "sqlalchemy"])
+@pytest.mark.parametrize(
+    "variant",
+    [app_pydantic, app_sqlalchemy, app_async, app_async_sqlalchemy],
+    ids=["pydantic", "sqlalchemy", "async", "async-sqlalchemy"],
+)
 def test_each_completion_is_applied_once_and_a_broken_payload_dead_lettered(
     variant: ModuleType, stack: Stack, make_topic: MakeTopic, schema: str, db: Conn
 ) -> None:

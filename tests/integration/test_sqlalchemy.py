@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from sqlalchemy import String, event, func, select
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy import event, func, select
+from sqlalchemy.orm import Session
 
 from kinbox.app import App
 from kinbox.devstack.stack import Stack
@@ -22,53 +22,17 @@ from kinbox.store.postgres import PostgresInboxStore
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import dead_letters, header, running, statuses
 from tests.integration.inbox_support import committed, settings
+from tests.integration.orm_support import Note, note_rows, on_path, run_three_notes
+from tests.integration.orm_support import notes as notes  # a fixture of the tests here
 from tests.integration.typed_support import produce_values
-from tests.support.database import Conn, prepare_schema
+from tests.support.database import Conn
 from tests.support.waiting import wait_for
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class Note(Base):
-    """An ORM model, as a team's repository would have it (in the test's schema: on_path)."""
-
-    __tablename__ = "notes"
-    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
-    event_id: Mapped[str] = mapped_column(String)
-    text: Mapped[str] = mapped_column(String(20))
-
-
-@pytest.fixture
-def notes(stack: Stack, schema: str) -> Iterator[str]:
-    """The test's schema, migrated, with the ORM's ``notes`` table in it."""
-    prepare_schema(stack.database_url, schema)
-    with psycopg.connect(stack.database_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {}.notes (id bigserial PRIMARY KEY, event_id text, text varchar(20))"
-            ).format(sql.Identifier(schema))
-        )
-    yield schema
 
 
 def app_on(make_topic: MakeTopic, schema: str) -> tuple[App, str, str]:
     """A one-partition topic and a group on ``schema``: ``(app, topic, group)``."""
     group = f"g-{uuid.uuid4().hex[:8]}"
     return App(group_id=group, schema=schema), make_topic(partitions=1), group
-
-
-def note_rows(db: Conn, schema: str) -> list[tuple[str, str]]:
-    query = sql.SQL("SELECT event_id, text FROM {}.notes ORDER BY id").format(
-        sql.Identifier(schema)
-    )
-    return [(r[0], r[1]) for r in db.execute(query).fetchall()]
-
-
-def on_path(database_url: str, schema: str) -> str:
-    """``database_url`` with the test's schema first on the search path (for ``notes``)."""
-    return f"{database_url}?options=-csearch_path%3D{schema}"
 
 
 def test_orm_effects_commit_with_the_claim_and_a_duplicate_is_suppressed(
@@ -81,17 +45,8 @@ def test_orm_effects_commit_with_the_claim_and_a_duplicate_is_suppressed(
     def apply(payload: dict[str, str], session: Session, event: Event) -> None:
         session.add(Note(event_id=event.id, text=payload["text"]))
 
-    config = settings(stack.bootstrap_servers, on_path(stack.database_url, notes), group, notes)
-    records = [("e1", b'{"text": "one"}'), ("e2", b'{"text": "two"}'), ("e1", b'{"text": "1"}')]
-    produce_values(stack.bootstrap_servers, topic, records)
-
-    # When a worker consumes them
-    with running(app, config):
-        wait_for(lambda: committed(stack.bootstrap_servers, group, topic, 1) == {0: 3})
-
-    # Then each event's ORM row committed once, with its claim
-    assert note_rows(db, notes) == [("e1", "one"), ("e2", "two")]
-    assert statuses(db, notes, group) == {"e1": ("applied", None), "e2": ("applied", None)}
+    # When a worker consumes them, then each event's ORM row committed once, with its claim
+    run_three_notes(stack, app, topic, group, notes, db)
 
 
 def test_a_failed_try_commits_nothing_even_after_session_commit(

@@ -6,6 +6,12 @@ on purpose: an event applied twice shows up as two rows.
 
 Behaviour, by environment variable:
 
+``FAULT_HANDLER``
+    ``sync`` (default) or ``async``: the handler is ``apply_effect`` on a
+    psycopg ``Connection``, or ``apply_effect_async``, the same effect as an
+    ``async def`` handler on its ``AsyncConnection`` (the fault suite's
+    async app).
+
 ``FAULT_SLEEP``
     seconds the handler sleeps per event *inside* the transaction (stretches
     batches so a signal or a fault lands mid-batch).
@@ -55,14 +61,15 @@ to tell "no redelivery" from "redelivered and suppressed".
 
 from __future__ import annotations
 
+import asyncio
 import faulthandler
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from psycopg import sql
+from psycopg import AsyncConnection, sql
 
 from kinbox import App, Event, Middleware
 from kinbox.apply.outcome import BatchResult
@@ -81,6 +88,7 @@ GATE = os.environ.get("FAULT_GATE", "")
 LOG_DIR = os.environ.get("FAULT_LOG_DIR", "")
 VALUES = os.environ.get("FAULT_VALUES", "")
 BROKEN_UNLESS = os.environ.get("FAULT_BROKEN_UNLESS", "")
+HANDLER = os.environ.get("FAULT_HANDLER", "sync")
 
 VALUES_DDL = (
     "CREATE TABLE {0}.{1} (event_id text, short varchar(8), n integer, note text, big text,"
@@ -159,34 +167,61 @@ _values = sql.SQL("INSERT INTO {}.{} VALUES (%s, %s, %s, %s, %s, %s)").format(
 )
 
 
-@app.handler(TOPIC)
 def apply_effect(event: Event, tx: Any) -> None:
     """Insert one effect row; optionally sleep, hold, fail, always fail, or write payload values."""
-    _log(f"h {event.partition} {event.offset} {''.join(event.id.split()) or '-'} {event.attempt}")
+    _log_call(event)
     if SLEEP:
         time.sleep(SLEEP)
     if event.id in SLOW_IDS:
-        _hold(event)
+        for _ in _holding(event):
+            time.sleep(0.02)
+    for statement, params in _writes(event):
+        tx.execute(statement, params)
+
+
+async def apply_effect_async(event: Event, tx: AsyncConnection[Any]) -> None:
+    """:func:`apply_effect` as an ``async def`` handler on its ``AsyncConnection``."""
+    _log_call(event)
+    if SLEEP:
+        await asyncio.sleep(SLEEP)
+    if event.id in SLOW_IDS:
+        for _ in _holding(event):
+            await asyncio.sleep(0.02)
+    for statement, params in _writes(event):
+        await tx.execute(statement, params)
+
+
+app.handler(TOPIC)(apply_effect_async if HANDLER == "async" else apply_effect)
+
+
+def _log_call(event: Event) -> None:
+    _log(f"h {event.partition} {event.offset} {''.join(event.id.split()) or '-'} {event.attempt}")
+
+
+def _writes(event: Event) -> list[tuple[sql.Composed, tuple[Any, ...]]]:
+    """The statements of ``event``'s effect, or the failure injected for it."""
     if BROKEN_UNLESS and not os.path.exists(BROKEN_UNLESS):
         raise BrokenDeployError(f"bad deploy: {event.id} fails like every event")
     if POISON_EVERY and _every(event.id, POISON_EVERY):
         raise PoisonError(f"injected poison: {event.id} can never be applied")
     if FAIL_TIMES and event.attempt <= FAIL_TIMES and _every(event.id, FAIL_EVERY):
         raise TransientHandlerError(f"injected failure, attempt {event.attempt} of {event.id}")
+    writes = []
     if VALUES:
         body = event.json()
         fields = [body.get(name) for name in ("short", "n", "note", "big", "key")]
-        tx.execute(_values, (event.id, *fields))
-    tx.execute(_insert, (event.id, event.topic, event.partition, event.offset, os.getpid()))
+        writes.append((_values, (event.id, *fields)))
+    row = (event.id, event.topic, event.partition, event.offset, os.getpid())
+    return [*writes, (_insert, row)]
 
 
-def _hold(event: Event) -> None:
-    """Keep the handler busy (see ``FAULT_SLOW_*`` in the module docstring)."""
+def _holding(event: Event) -> Iterator[None]:
+    """Yield while the handler must stay busy (see ``FAULT_SLOW_*`` in the module docstring)."""
     where = f"{event.partition} {event.offset} {event.id}"
     begin = time.monotonic()
     _log(f"w {where} begin {begin:.3f}")
     while time.monotonic() < begin + SLOW_SECONDS and not (GATE and os.path.exists(GATE)):
-        time.sleep(0.02)
+        yield
     _log(f"w {where} end {time.monotonic():.3f}")
 
 

@@ -64,7 +64,7 @@ class Row:
     def line(self) -> str:
         """The row as printed under :data:`HEADER`."""
         return (
-            f"{self.scenario[:34]:<34} {self.fault[:30]:<30} {self.runs:>4} {self.failed:>4} "
+            f"{self.scenario[:40]:<40} {self.fault[:30]:<30} {self.runs:>4} {self.failed:>4} "
             f"{self.produced:>8} {self.deliveries:>7} {self.applied_once:>6} "
             f"{self.duplicates_suppressed:>9} {f'{self.dead_lettered}/{self.dead_letters}':>7} "
             f"{self.lost:>4} {self.applied_twice:>5} {self.seconds:>6.1f}"
@@ -72,7 +72,7 @@ class Row:
 
 
 HEADER = (
-    f"{'scenario':<34} {'fault':<30} {'runs':>4} {'fail':>4} {'produced':>8} "
+    f"{'scenario':<40} {'fault':<30} {'runs':>4} {'fail':>4} {'produced':>8} "
     f"{'deliver':>7} {'once':>6} {'dups-supp':>9} {'dlq':>7} {'lost':>4} {'twice':>5} "
     f"{'secs':>6}"
 )

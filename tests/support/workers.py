@@ -130,6 +130,10 @@ class Worker:
             self.proc.wait(10)
 
 
+HANDLERS: dict[str, dict[str, object]] = {h: {"handler": h} for h in ("sync", "async")}
+"""Scenario cases that run one story over the sync handler and over its async twin."""
+
+
 @dataclass
 class WorkerFactory:
     """Starts workers for one scenario run; every worker it started is killed at the end."""
@@ -141,6 +145,8 @@ class WorkerFactory:
     topic: str
     log_dir: Path
     started: list[Worker] = field(default_factory=list)
+    handler: str = "sync"
+    """``sync`` or ``async``: which handler of the app every worker runs (``FAULT_HANDLER``)."""
 
     def start(
         self,
@@ -170,6 +176,7 @@ class WorkerFactory:
             "KINBOX_GROUP_ID": self.group,
             "FAULT_TOPIC": self.topic,
             "FAULT_LOG_DIR": str(self.log_dir),
+            "FAULT_HANDLER": self.handler,
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }

@@ -146,7 +146,8 @@ def test_defaults_keep_their_value_when_kinbox_cannot_fill_them() -> None:
         ("def h(payload: Lesson, a, b): ...", "cannot fill parameter 'b'"),
         ("def h(payload: Lesson, events: list[Event]): ...", "cannot fill parameter 'events'"),
         ("def h(payload: Missing, tx): ...", "'Missing' cannot be resolved"),
-        ("def h(payload: Lesson, s: AsyncSession): ...", "AsyncSession needs an async handler"),
+        ("def h(payload: Lesson, s: AsyncSession): ...", "AsyncSession needs an async def handler"),
+        ("async def h(payload: Lesson, s: Session): ...", "its session is an AsyncSession"),
         ("def h(payload: Lesson, s: NoSession): ...", "'NoSession' .* cannot be resolved"),
     ],
 )
@@ -162,7 +163,7 @@ def test_what_cannot_be_filled_fails_at_registration(
         sys.modules, "sqlalchemy.ext.asyncio", types.SimpleNamespace(AsyncSession=AsyncSession)
     )
     namespace: dict[str, Any] = {
-        "Lesson": Lesson, "Event": Event, "AsyncSession": AsyncSession,
+        "Lesson": Lesson, "Event": Event, "AsyncSession": AsyncSession, "Session": Session,
         "__builtins__": __builtins__,
     }  # fmt: skip
     exec("from __future__ import annotations\n" + code, namespace)

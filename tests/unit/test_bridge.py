@@ -1,0 +1,153 @@
+"""The loop thread and the blocking face of async objects (no database: async fakes)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
+import pytest
+
+from kinbox.store.bridge import SyncConnection, SyncContext
+from kinbox.store.loop import LoopThread
+
+
+@pytest.fixture
+def loop() -> Any:
+    thread = LoopThread("test-loop")
+    yield thread
+    thread.stop()
+
+
+def test_run_returns_the_result_and_raises_the_exception_itself(loop: LoopThread) -> None:
+    async def ok() -> int:
+        await asyncio.sleep(0)
+        return 7
+
+    error = ValueError("x")
+
+    async def bad() -> None:
+        raise error
+
+    assert loop.run(ok()) == 7
+    with pytest.raises(ValueError) as raised:
+        loop.run(bad())
+    assert raised.value is error
+
+
+def test_the_coroutine_runs_on_the_loop_thread_with_the_callers_context(loop: LoopThread) -> None:
+    var = contextvars.ContextVar("var", default="unset")
+    var.set("caller")
+
+    async def where() -> tuple[str, str]:
+        return threading.current_thread().name, var.get()
+
+    assert loop.run(where()) == ("test-loop", "caller")
+
+
+def test_a_stopped_loop_refuses_and_run_from_the_loop_itself_refuses(loop: LoopThread) -> None:
+    async def nested() -> None:
+        loop.run(asyncio.sleep(0))
+
+    with pytest.raises(RuntimeError, match="its own loop"):
+        loop.run(nested())
+    loop.stop()
+    assert not loop.running
+    with pytest.raises(RuntimeError, match="stopped"):
+        loop.run(asyncio.sleep(0))
+
+
+class FakeAsyncCursor:
+    def __init__(self, rows: list[Any]) -> None:
+        self.rows = rows
+        self.rowcount = len(rows)
+
+    async def fetchall(self) -> list[Any]:
+        return self.rows
+
+    async def fetchone(self) -> Any:
+        return self.rows[0] if self.rows else None
+
+
+class FakeAsyncConnection:
+    """What the bridge touches of an AsyncConnection, recording what ran on which thread."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []
+        self.info = "info"
+        self.pgconn = "pgconn"
+        self.closed = False
+        self.broken = False
+        self.autocommit = False
+
+    def _note(self, what: str) -> None:
+        self.log.append((what, threading.current_thread().name))
+
+    async def execute(self, query: Any, params: Any = None) -> FakeAsyncCursor:
+        self._note(f"execute {query}")
+        return FakeAsyncCursor([(query, params)])
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        self._note("begin")
+        try:
+            yield
+        except Exception:
+            self._note("rollback")
+            raise
+        self._note("commit")
+
+    @asynccontextmanager
+    async def pipeline(self) -> AsyncIterator[Any]:
+        connection = self
+
+        class Pipe:
+            async def sync(self) -> None:
+                connection._note("sync")
+
+        self._note("pipeline")
+        yield Pipe()
+        self._note("pipeline end")
+
+    async def rollback(self) -> None:
+        self._note("rollback()")
+
+
+def test_the_connection_bridge_runs_every_call_on_the_loop(loop: LoopThread) -> None:
+    fake = FakeAsyncConnection()
+    conn = SyncConnection(loop, cast(Any, fake))
+    with conn.transaction():
+        assert conn.execute("q", (1,)).fetchall() == [("q", (1,))]
+        with conn.pipeline() as pipe:
+            pipe.sync()
+    with pytest.raises(KeyError), conn.transaction():
+        raise KeyError("k")
+    assert [what for what, _ in fake.log] == [
+        "begin", "execute q", "pipeline", "sync", "pipeline end", "commit", "begin", "rollback",
+    ]  # fmt: skip
+    assert {thread for _, thread in fake.log} == {"test-loop"}
+    # Computed locally by psycopg: read directly.
+    assert (cast(Any, conn.info), conn.pgconn, conn.closed) == ("info", "pgconn", False)
+    assert cast(Any, conn.async_connection) is fake and conn.loop is loop
+
+
+def test_sync_context_passes_the_exception_to_aexit_and_honours_its_answer(
+    loop: LoopThread,
+) -> None:
+    seen: list[Any] = []
+
+    class Swallow:
+        async def __aenter__(self) -> str:
+            return "entered"
+
+        async def __aexit__(self, *exc: Any) -> bool:
+            seen.append(exc[0])
+            return True
+
+    with SyncContext(loop, Swallow()) as value:
+        assert value == "entered"
+        raise OSError
+    assert seen == [OSError]
