@@ -6,7 +6,7 @@ One loop, one thread::
     ──► upkeep tasks that are due (:mod:`.schedule`):
           balance lanes, every min(1 s, poll interval) (advisory locks, :mod:`.lanes`)
           delete old sent rows, every ``cleanup_interval`` (:mod:`.cleanup`)
-    ──► per owned lane, one transaction per batch:
+    ──► one transaction per batch, over every owned lane at once:
           claim rows FOR UPDATE SKIP LOCKED (:mod:`.claim`) ──► publish all, await
           every delivery report (:mod:`.publisher`) ──► mark acked rows sent, failed
           rows retried/parked ──► COMMIT
@@ -69,7 +69,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection
 from typing import Any
 
 import psycopg
@@ -118,7 +118,6 @@ class Relay:
         # nothing: the outage's backoff grows with it.
         self._outages = 0
         self._round_sent = self._round_outage = False
-        self._failing: set[str] = set()  # topics recorded as failing (.topics)
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the current batch (signal-handler safe)."""
@@ -153,7 +152,7 @@ class Relay:
             try:
                 while not self._stopping:
                     self._upkeep.run_due(work, should_stop=lambda: self._stopping)
-                    busy = self.run_lanes(work, sorted(lanes.owned))
+                    busy = self.run_lanes(work, lanes.owned)
                     if not busy:
                         self._wait(listen)
             finally:
@@ -164,47 +163,56 @@ class Relay:
                     lanes.release_all()
         log.info("outbox relay stopped")
 
-    def run_lanes(self, conn: Connection, lanes: Sequence[int]) -> bool:
-        """One batch per lane; True if any batch was full (more may be waiting)."""
-        self._failing = topics.failing(conn, self.config.schema)
+    def run_lanes(self, conn: Connection, lanes: Collection[int]) -> bool:
+        """One batch of ``lanes``; True if it was full (more may be waiting)."""
+        if not lanes or self._stopping:
+            return False
         self._round_sent = self._round_outage = False
-        busy = False
-        for lane in lanes:
-            if self._stopping:
-                break
-            busy |= self.run_batch(conn, lane) >= self.config.batch_size
+        busy = self.run_batch(conn, lanes) >= self.config.batch_size
         if self._round_sent:
             self._outages = 0
         elif self._round_outage:
             self._outages += 1
         return busy
 
-    def run_batch(self, conn: Connection, lane: int) -> int:
-        """Claim, publish, mark and commit one batch of ``lane``; return its size."""
-        with conn.transaction():
-            rows = store.claim(
-                conn,
-                self.config.schema,
-                lane=lane,
-                lanes=self.config.lanes,
-                limit=self.config.batch_size,
+    def run_batch(self, conn: Connection, lanes: Collection[int]) -> int:
+        """Claim, publish, mark and commit one batch of ``lanes``; return its size.
+
+        One pipeline: BEGIN, the claim and its planner settings go in one round
+        trip; the marks, COMMIT and the clearing of topics that work again in
+        another.
+        """
+        with conn.pipeline():
+            with conn.transaction():
+                rows = store.claim(
+                    conn,
+                    self.config.schema,
+                    owned=lanes,
+                    lanes=self.config.lanes,
+                    limit=self.config.batch_size,
+                )
+                if not rows:
+                    return 0
+                records = [to_record(row, source=self.config.source) for row in rows]
+                outcomes = publish(self._publisher, rows, records)
+                # Crash test: acked by Kafka, not yet marked: a restart must re-publish.
+                failpoint("relay_after_publish")
+                result = settle(
+                    rows, outcomes, self.config, outage_delay=self.config.backoff(self._outages)
+                )
+                store.mark(conn, self.config.schema, result.sent, result.failed)
+            # After the COMMIT, on its own: a topic that took a record works again.
+            cleared = topics.clear_many(
+                conn, self.config.schema, result.acked_topics - result.topics.keys()
             )
-            if not rows:
-                return 0
-            records = [to_record(row, source=self.config.source) for row in rows]
-            outcomes = publish(self._publisher, rows, records)
-            # Crash test: acked by Kafka, not yet marked: a restart must re-publish.
-            failpoint("relay_after_publish")
-            result = settle(
-                rows, outcomes, self.config, outage_delay=self.config.backoff(self._outages)
-            )
-            store.mark(conn, self.config.schema, result.sent, result.failed)
+        for topic in cleared():
+            log.info("outbox topic %r accepts records again", topic)
         self._round_sent |= bool(result.sent)
         self._round_outage |= result.outages > 0
         self._track_topics(conn, result)
         log.debug(
-            "outbox lane %d: %d sent, %d failed, %d held",
-            lane,
+            "outbox lanes %s: %d sent, %d failed, %d held",
+            _lane_list(lanes),
             len(result.sent),
             len(result.failed) + len(result.topics),
             result.held,
@@ -212,7 +220,7 @@ class Relay:
         return len(rows)
 
     def _track_topics(self, conn: Connection, result: Settlement) -> None:
-        """Pause the topics Kafka refused as a whole; forget those that work again."""
+        """Pause the topics Kafka refused as a whole."""
         for topic, error in sorted(result.topics.items()):
             failures, retry_in = topics.record_failure(
                 conn,
@@ -222,7 +230,6 @@ class Relay:
                 base=self.config.backoff_base,
                 cap=self.config.backoff_max,
             )
-            self._failing.add(topic)
             log.error(
                 "outbox topic %r refused by Kafka (%s): its rows wait, never parked "
                 "(round %d, next try in %.1fs)",
@@ -231,10 +238,6 @@ class Relay:
                 failures,
                 retry_in,
             )
-        for topic in sorted((result.acked_topics & self._failing) - result.topics.keys()):
-            self._failing.discard(topic)
-            if topics.clear(conn, self.config.schema, topic):
-                log.info("outbox topic %r accepts records again", topic)
 
     def _cleanup(self, conn: Connection) -> None:
         """Upkeep: delete sent rows older than the retention, in bounded batches."""
@@ -268,3 +271,9 @@ class Relay:
         deadline = time.monotonic() + seconds
         while not self._stopping and time.monotonic() < deadline:
             time.sleep(min(0.2, deadline - time.monotonic()))
+
+
+def _lane_list(lanes: Collection[int]) -> str:
+    """The lanes for a log line, briefly."""
+    ordered = sorted(lanes)
+    return ",".join(map(str, ordered)) if len(ordered) <= 8 else f"{len(ordered)} lanes"

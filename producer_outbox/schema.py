@@ -28,6 +28,13 @@ migration's transaction and blocks writes to the outbox while it builds,
 which takes a moment on a table that holds mostly pending and parked rows
 (sent rows are outside both partial indexes).
 
+Step 3 adds ``outbox_troubled_idx``: the rows that can hold their key back
+by their own state — parked, or pending after a failed try (``last_error``
+set) — in ``(aggregateid, txid, seq)`` order. The claim's per-key probe reads
+it instead of every unsent row of the key, so its cost no longer grows with
+the key's backlog (see :mod:`producer_outbox.claim`). The index holds only
+those few rows; a healthy outbox keeps it empty.
+
 Bytes payloads live in their own ``bytea`` column so they round-trip exactly
 (no base64 convention a consumer must know); a CDC connector only routes
 ``payload``, so bytes rows are relay-only.
@@ -115,7 +122,19 @@ def _publish_order_and_failing_topics(schema: sql.Identifier) -> Sequence[sql.Co
     ]
 
 
-OUTBOX = Component("outbox", [_create_table, _publish_order_and_failing_topics])
+def _troubled_rows(schema: sql.Identifier) -> Sequence[sql.Composed | sql.SQL]:
+    return [
+        # The claim's "earlier row of the same key that holds it back?" probe.
+        # Its predicate must stay exactly the probe's (producer_outbox.claim),
+        # so the planner can prove the index applies.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS outbox_troubled_idx ON {}.outbox (aggregateid, txid, seq)"
+            " WHERE status = 'dead' OR (status = 'pending' AND last_error IS NOT NULL)"
+        ).format(schema),
+    ]
+
+
+OUTBOX = Component("outbox", [_create_table, _publish_order_and_failing_topics, _troubled_rows])
 """The outbox component: ``kinbox migrate`` applies it next to the inbox's."""
 
 
