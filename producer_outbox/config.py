@@ -16,7 +16,7 @@ class RelayConfig:
     database_url: str
     schema: str = "kinbox"
     lanes: int = 16
-    batch_size: int = 100
+    batch_size: int = 1000
     poll_interval: float = 1.0
     max_attempts: int = 10
     backoff_base: float = 0.5
