@@ -102,6 +102,7 @@ def check_dead_letter_topics(
     sources = sorted(set(targets) | set(targets.values()))
     limits = _max_bytes(admin, [t for t in sources if t in topics], deadline)
     created = _create(admin, missing, targets, topics, limits, deadline)
+    _await_created(admin, created, deadline)
     limits.update(_max_bytes(admin, created, deadline))
     _check_writable(admin, sorted(set(targets.values())), deadline)
     found = {}
@@ -206,6 +207,21 @@ def _create(
         log.info("created dead-letter topic %r for %r", name, source_of[name])
         created.append(name)
     return created
+
+
+def _await_created(admin: AdminClient, created: list[str], deadline: float) -> None:
+    """Wait until the cluster's metadata shows the topics just created, or ``deadline``.
+
+    CreateTopics answers once the controller made a topic; the brokers'
+    metadata, which DescribeTopics and DescribeConfigs read, shows it a moment
+    later (longer on a busy broker). Asked at once, the checks that follow
+    fail with UNKNOWN_TOPIC_OR_PART on a topic that exists.
+    """
+    while created and time.monotonic() < deadline:
+        known = _wait_for_metadata(admin, deadline)
+        if all(name in known for name in created):
+            return
+        time.sleep(0.1)
 
 
 def _error(exc: KafkaException) -> KafkaError | None:
