@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -104,6 +104,15 @@ class Publisher(Protocol):
         ...
 
 
+@runtime_checkable
+class Siblings(Protocol):
+    """A publisher that can make another like it, for a relay's second lane group."""
+
+    def sibling(self) -> Publisher:
+        """A new publisher with this one's settings and a client of its own."""
+        ...
+
+
 def producer_config(bootstrap_servers: str, overrides: Mapping[str, str]) -> dict[str, str]:
     """Build the producer configuration: relay defaults, then ``-X`` overrides.
 
@@ -191,6 +200,15 @@ class KafkaPublisher:
         """How many times a fatally failed producer was replaced."""
         self._metadata_timeout = min(10.0, timeout_ms / 1000)
         self._writable: set[str] = set()  # topics the broker confirmed (see _refused_topics)
+
+    def sibling(self) -> KafkaPublisher:
+        """A new publisher with this one's configuration and a producer of its own.
+
+        A relay's lane groups each publish through their own producer, so one
+        group's flush never waits for another's records (see
+        :mod:`producer_outbox.group`).
+        """
+        return KafkaPublisher(self._config, self._factory)
 
     def publish(self, records: Sequence[Record]) -> list[Outcome]:
         """Produce every record, flush, and return each delivery report's outcome."""

@@ -1,14 +1,18 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
 from kinbox.errors import ConfigurationError
 from producer_outbox.config import RelayConfig
-from producer_outbox.publisher import HELD, KafkaPublisher, producer_config
+from producer_outbox.lanes import group_target
+from producer_outbox.publisher import HELD, KafkaPublisher, Outcome, producer_config
 from producer_outbox.records import OutboxRow, Record, row_from_db, to_record
+from producer_outbox.relay import Relay
 
 
 def _row(
@@ -93,3 +97,26 @@ def test_refused_record_holds_back_later_records_of_its_key() -> None:
     assert outcomes[1] is HELD, "waits behind its key without counting as an attempt"
     assert outcomes[2] is HELD, "a key's order spans topics"
     assert "SIZE" in (outcomes[3].error or "")
+
+
+def test_relay_runs_lane_groups_only_with_a_publisher_that_has_siblings() -> None:
+    class Plain:
+        def publish(self, records: Sequence[Record]) -> list[Outcome]:
+            raise AssertionError("not called")
+
+        def close(self) -> None:
+            pass
+
+    config = RelayConfig(database_url="postgresql://x", parallel=4)
+    assert Relay(config, Plain()).groups == 1
+    kafka = KafkaPublisher(producer_config("127.0.0.1:1", {"log_level": "0"}))
+    assert Relay(config, kafka).groups == 4
+    assert Relay(replace(config, lanes=3), kafka).groups == 3
+    assert Relay(replace(config, parallel=1), kafka).groups == 1
+    assert isinstance(kafka.sibling(), KafkaPublisher)
+
+
+@pytest.mark.parametrize(("share", "groups"), [(16, 2), (5, 2), (1, 2), (7, 3), (0, 2)])
+def test_a_relays_share_of_lanes_splits_evenly_over_its_groups(share: int, groups: int) -> None:
+    targets = [group_target(share, group, groups) for group in range(groups)]
+    assert sum(targets) == share and max(targets) - min(targets) <= 1
