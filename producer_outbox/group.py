@@ -4,13 +4,14 @@ A relay runs its lanes in ``parallel`` lane groups side by side (one thread
 each, :mod:`.relay`). Each group is the relay's loop on its own::
 
     wake (NOTIFY from a committing writer, or the poll interval as fallback)
-    ──► upkeep tasks that are due (:mod:`.schedule`):
-          balance lanes, every min(1 s, poll interval) (advisory locks, :mod:`.lanes`)
-          delete old sent rows, every ``cleanup_interval`` (group 0 only, :mod:`.cleanup`)
     ──► one transaction per batch, over every lane of the group at once:
           claim rows FOR UPDATE SKIP LOCKED (:mod:`.claim`) ──► publish all, await
           every delivery report (:mod:`.publisher`) ──► mark acked rows sent, failed
           rows retried/parked ──► COMMIT
+    ──► upkeep tasks that are due (:mod:`.schedule`), between batches:
+          balance lanes, every min(1 s, poll interval) (advisory locks, :mod:`.lanes`)
+          delete old sent rows, every ``cleanup_interval`` (group 0 only, :mod:`.cleanup`)
+    ──► wait again, unless the batch was full or a lane was just taken
 
 Why groups, and why they keep every guarantee. A batch spends its time in
 three places that can overlap: PostgreSQL (the claim, the marks, the COMMIT),
@@ -175,10 +176,15 @@ class LaneGroup:
             interval = min(1.0, self.config.poll_interval)
             self._upkeep.add(_BALANCE, interval, lambda _work: lanes.balance())
             try:
+                self._upkeep.run_due(work, should_stop=self._stopping)
                 while not self._stopping():
+                    # The claim first, upkeep after: a wake-up goes straight to
+                    # the rows that woke it, never behind a lane balancing.
+                    busy = self.run_lanes(work, lanes.owned)
+                    before = set(lanes.owned)
                     self._upkeep.run_due(work, should_stop=self._stopping)
-                    if not self.run_lanes(work, lanes.owned):
-                        self._wait(listen)
+                    if not busy and lanes.owned <= before:
+                        self._wait(listen)  # (a lane just taken may have rows: no wait)
             finally:
                 self._upkeep.remove(_BALANCE)
                 # Closing the connection would release the locks too; releasing
