@@ -65,8 +65,8 @@ def test_row_from_db_prefers_bytes_and_defaults_null() -> None:
 
 
 def test_producer_config_keeps_idempotence() -> None:
-    config = producer_config("b:9092", {"linger.ms": "1"})
-    assert config["enable.idempotence"] == "true" and config["linger.ms"] == "1"
+    config = producer_config("b:9092", {"linger.ms": "7"})
+    assert config["enable.idempotence"] == "true" and config["linger.ms"] == "7"
     with pytest.raises(ConfigurationError, match=r"enable\.idempotence"):
         producer_config("b:9092", {"enable.idempotence": "false"})
 
