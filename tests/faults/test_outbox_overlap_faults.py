@@ -27,9 +27,10 @@ from psycopg import sql
 from kinbox.devstack.stack import Stack
 from producer_outbox.lanes import LaneOwner
 from tests.faults.conftest import Faults, Run
+from tests.faults.test_outbox_faults import _stop
+from tests.faults.test_outbox_order_faults import _first_deliveries
 from tests.integration.outbox_support import (
     Conn,
-    Received,
     consume,
     count,
     enqueue_many,
@@ -40,26 +41,6 @@ from tests.integration.outbox_support import (
 from tests.support.records import Produced
 
 GROUPS = 2
-
-
-def _first_deliveries(received: list[Received]) -> dict[str | None, list[str]]:
-    """Per key, each row's first delivery in topic order (repeats left out)."""
-    seen: set[str] = set()
-    by_key: dict[str | None, list[str]] = {}
-    for record in sorted(received, key=lambda r: (r.partition, r.offset)):
-        if record.event_id not in seen:
-            seen.add(record.event_id)
-            by_key.setdefault(record.key, []).append(record.event_id)
-    return by_key
-
-
-def _stop(relay: subprocess.Popen[bytes]) -> int:
-    relay.send_signal(signal.SIGTERM)
-    try:
-        return relay.wait(30)
-    except subprocess.TimeoutExpired:
-        relay.kill()
-        raise AssertionError("relay ignored SIGTERM for 30s") from None
 
 
 def test_relay_killed_with_both_lane_groups_in_flight(faults: Faults, stack: Stack) -> None:

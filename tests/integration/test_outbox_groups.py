@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from psycopg import sql
@@ -31,6 +30,7 @@ from tests.integration.outbox_support import (
     relay_config,
     wait_for,
 )
+from tests.integration.test_fatal_producers import relaying
 from tests.integration.test_outbox_parked import _topic_with_limit
 
 LIMIT = 1000  # the topic's max.message.bytes
@@ -77,31 +77,6 @@ class RecordingPublisher:
         self.inner.close()
 
 
-@contextmanager
-def relay_with(
-    stack: Stack, publisher: RecordingPublisher, schema: str, **overrides: object
-) -> Iterator[Relay]:
-    """Run an in-process relay over ``publisher`` in a thread; stop it gracefully on exit."""
-    relay = Relay(relay_config(stack, schema, **overrides), publisher)
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            relay.run()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    try:
-        yield relay
-    finally:
-        relay.stop()
-        thread.join(60)
-    assert not thread.is_alive(), "relay did not stop"
-    assert not errors, errors
-
-
 def test_lane_groups_overlap_never_share_a_key_and_a_refused_row_holds_only_its_key(
     stack: Stack, schema: str, db: Conn
 ) -> None:
@@ -128,11 +103,13 @@ def test_lane_groups_overlap_never_share_a_key_and_a_refused_row_holds_only_its_
     publisher = RecordingPublisher(kafka, log)
     try:
         # When one relay with two lane groups publishes it
-        with relay_with(
-            stack, publisher, schema, parallel=2, lanes=8, batch_size=40,
+        config = relay_config(
+            stack, schema, parallel=2, lanes=8, batch_size=40,
             max_attempts=2, backoff_base=0.2, backoff_max=0.2,
-        ) as relay:  # fmt: skip
-            assert relay.groups == 2
+        )  # fmt: skip
+        relay = Relay(config, publisher)
+        assert relay.groups == 2
+        with relaying(relay):
             wait_for(lambda: count(db, schema, "status = 'sent'") == 1200 + 1, timeout=90,
                      what="every row but the refused one and those behind it sent")  # fmt: skip
             wait_for(lambda: count(db, schema, f"id = '{bad}' AND status = 'dead'") == 1)
