@@ -60,7 +60,7 @@ LANE_EXPRESSION = "(hashtext(coalesce({t}.aggregateid, {t}.id::text)) & 21474836
 _CLAIM = """
 SELECT o.id, o.seq, o.topic, o.aggregateid, o.type, NULL::text,
        coalesce(o.payload_bytes, convert_to(coalesce(o.payload::text, 'null'), 'UTF8')),
-       nullif(o.headers, '{{}}'::jsonb), o.attempts
+       nullif(o.headers, '{{}}'::jsonb), o.attempts, o.traceparent, o.tracestate
 FROM {outbox} o
 WHERE o.status = 'pending'
   AND o.txid < pg_snapshot_xmin(pg_current_snapshot())

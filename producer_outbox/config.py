@@ -27,6 +27,8 @@ class RelayConfig:
     source: str | None = None
     parallel: int = 2
     """Lane groups publishing side by side, each with its own connection and producer."""
+    metrics_interval: float = 10.0
+    """Seconds between reads of the outbox's backlog for the gauges (only with an SDK)."""
 
     def validate(self) -> RelayConfig:
         """Return self, or raise :class:`ConfigurationError` naming the bad setting."""
@@ -42,6 +44,7 @@ class RelayConfig:
             ("retention", self.retention, self.retention >= timedelta(0), ">= 0"),
             ("cleanup_interval", self.cleanup_interval, self.cleanup_interval > 0, "> 0"),
             ("cleanup_batch", self.cleanup_batch, self.cleanup_batch >= 1, ">= 1"),
+            ("metrics_interval", self.metrics_interval, self.metrics_interval > 0, "> 0"),
         ]
         for name, value, ok, allowed in checks:
             if not ok:

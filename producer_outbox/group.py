@@ -10,7 +10,9 @@ each, :mod:`.relay`). Each group is the relay's loop on its own::
           rows retried/parked ──► COMMIT
     ──► upkeep tasks that are due (:mod:`.schedule`), between batches:
           balance lanes, every min(1 s, poll interval) (advisory locks, :mod:`.lanes`)
-          delete old sent rows, every ``cleanup_interval`` (group 0 only, :mod:`.cleanup`)
+          delete old sent rows, every ``cleanup_interval`` (group 0 only, :mod:`.cleanup`),
+          never while their topic still keeps their records (:mod:`.retention`)
+          read the outbox's gauges, every ``metrics_interval`` (group 0, with an SDK)
     ──► wait again, unless the batch was full or a lane was just taken
 
 Why groups, and why they keep every guarantee. A batch spends its time in
@@ -37,21 +39,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
 from kinbox.failpoints import failpoint
 from producer_outbox import claim as store
 from producer_outbox import topics
-from producer_outbox.batch import Settlement, publish, settle
+from producer_outbox.batch import Settlement, settle
 from producer_outbox.cleanup import delete_sent
 from producer_outbox.config import RelayConfig
 from producer_outbox.lanes import LaneOwner
 from producer_outbox.publisher import Publisher
 from producer_outbox.records import to_record
+from producer_outbox.retention import TopicRetention, floor
 from producer_outbox.schedule import Scheduler
 from producer_outbox.schema import notify_channel
+from producer_outbox.telemetry import RelayTelemetry
 
 log = logging.getLogger("producer_outbox.relay")
 
@@ -60,14 +64,54 @@ _BALANCE = "balance lanes"
 Connection = psycopg.Connection[tuple[Any, ...]]
 
 
-class Shared:
-    """What a relay's lane groups share: whether the relay is registered, open batches."""
+class RelayObserver(Protocol):
+    """Told how the loop is doing (:class:`kinbox.ops.health.Health` is one)."""
 
-    def __init__(self) -> None:
+    def turned(self) -> None:
+        """The loop made progress: a round, a batch, a slice of a wait, a cleanup batch."""
+
+    def holding(self, count: int) -> None:
+        """The relay owns ``count`` lanes now."""
+
+
+class Shared:
+    """What a relay's lane groups share: registration, open batches, the observer.
+
+    Args:
+        groups: how many lane groups the relay runs.
+        observer: told of the relay as a whole: the lanes of every group, and
+            a turn once every group turned since the last one.
+    """
+
+    def __init__(self, groups: int = 1, observer: RelayObserver | None = None) -> None:
         self._lock = threading.Lock()
         self._open = 0
+        self._observer = observer
+        self._groups = groups
+        self._turned: set[int] = set()
+        self._held = [0] * groups
         self.registered = threading.Event()
         """Set once group 0 registered the relay (or ended): the others start then."""
+
+    def turned(self, group: int) -> None:
+        """``group`` made progress; the relay did once every group has."""
+        if self._observer is None:
+            return
+        with self._lock:
+            self._turned.add(group)
+            if len(self._turned) < self._groups:
+                return
+            self._turned.clear()
+        self._observer.turned()
+
+    def holding(self, group: int, count: int) -> None:
+        """``group`` owns ``count`` lanes now."""
+        if self._observer is None:
+            return
+        with self._lock:
+            self._held[group] = count
+            total = sum(self._held)
+        self._observer.holding(total)
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -98,6 +142,10 @@ class LaneGroup:
         groups: how many groups the relay runs.
         should_stop: asked before every batch and while waiting.
         shared: what the relay's groups share (registration, open batches).
+        telemetry: spans and counts around each publish; group 0 also reads
+            the gauges (only with an SDK).
+        topic_retention: with it, group 0's cleanup keeps sent rows while their
+            topic keeps their records (:mod:`.retention`).
     """
 
     def __init__(
@@ -110,19 +158,26 @@ class LaneGroup:
         groups: int = 1,
         should_stop: Callable[[], bool] = lambda: False,
         shared: Shared | None = None,
+        telemetry: RelayTelemetry | None = None,
+        topic_retention: TopicRetention | None = None,
     ) -> None:
         self.config = config
         self.index, self.groups = index, groups
         self._publisher = publisher
         self._connect = connect
         self._stopping = should_stop
-        self._shared = shared or Shared()
+        self._shared = shared or Shared(groups)
+        self._telemetry = telemetry or RelayTelemetry(config.schema)
+        self._topic_retention = topic_retention
         # Upkeep between batches; a lost connection passes through to run(),
         # which reconnects. Made once, so the cleanup's schedule outlives a
         # reconnect: its first run is right after the start.
         self._upkeep: Scheduler[Connection] = Scheduler(propagate=(psycopg.OperationalError,))
         if index == 0:
             self._upkeep.add("cleanup", config.cleanup_interval, self._cleanup)
+            if self._telemetry.metering:
+                # The outbox's gauges (backlog, parked, oldest): only read for an SDK.
+                self._upkeep.add("metrics", config.metrics_interval, self._telemetry.refresh)
         # Rounds in a row that met an outage and reached Kafka with nothing:
         # the outage's backoff grows with it.
         self._outages = 0
@@ -138,7 +193,7 @@ class LaneGroup:
         # Only once the relay is registered (group 0 checked the lane count
         # against the other relays') may another group take lanes.
         while not self._stopping() and not self._shared.registered.wait(0.2):
-            pass
+            self._turned()
         self._run()
 
     def _run(self) -> None:
@@ -148,6 +203,7 @@ class LaneGroup:
                 self._run_connected()
                 return
             except psycopg.OperationalError as exc:
+                self._shared.holding(self.index, 0)  # the lane locks went with the connection
                 log.warning("outbox relay lost PostgreSQL (%s); reconnecting in %.1fs", exc, delay)
                 self._sleep(delay)
                 delay = min(self.config.backoff_max, delay * 2)
@@ -178,6 +234,8 @@ class LaneGroup:
             try:
                 self._upkeep.run_due(work, should_stop=self._stopping)
                 while not self._stopping():
+                    self._turned()
+                    self._shared.holding(self.index, len(lanes.owned))
                     # The claim first, upkeep after: a wake-up goes straight to
                     # the rows that woke it, never behind a lane balancing.
                     busy = self.run_lanes(work, lanes.owned)
@@ -186,6 +244,7 @@ class LaneGroup:
                     if not busy and lanes.owned <= before:
                         self._wait(listen)  # (a lane just taken may have rows: no wait)
             finally:
+                self._shared.holding(self.index, 0)
                 self._upkeep.remove(_BALANCE)
                 # Closing the connection would release the locks too; releasing
                 # first lets another relay take the lanes without waiting.
@@ -219,7 +278,8 @@ class LaneGroup:
                 if not rows:
                     return 0
                 records = [to_record(row, source=self.config.source) for row in rows]
-                outcomes = publish(self._publisher, rows, records)
+                # Spans (for rows enqueued in a trace) and counts around the publish.
+                outcomes = self._telemetry.publish(self._publisher, rows, records)
                 # Crash tests: acked by Kafka, not yet marked: a restart must re-publish;
                 # the second one only while another group's batch is in flight too.
                 failpoint("relay_after_publish")
@@ -234,7 +294,7 @@ class LaneGroup:
                 conn, self.config.schema, result.acked_topics - result.topics.keys()
             )
         for topic in cleared():
-            log.info("outbox topic %r accepts records again", topic)
+            log.info("outbox topic %r accepts records again", topic, extra={"topic": topic})
         if result.sent:
             self._outages = 0
         elif result.outages:
@@ -267,24 +327,46 @@ class LaneGroup:
                 error,
                 failures,
                 retry_in,
+                extra={"topic": topic},
             )
 
     def _cleanup(self, conn: Connection) -> None:
-        """Upkeep: delete sent rows older than the retention, in bounded batches."""
+        """Upkeep: delete sent rows older than the retention, in bounded batches.
+
+        With the broker's topic retention at hand, never rows whose records
+        the topic still keeps (:mod:`.retention`); a broker that does not
+        answer fails the task, which deletes nothing and runs again later.
+        """
+        retention = self.config.retention
+        if self._topic_retention is not None:
+            kept = floor(conn, self.config.schema, retention, self._topic_retention)
+            if kept.keep > retention or kept.forever:
+                level = logging.WARNING if kept.keep > retention else logging.INFO
+                log.log(level, "outbox cleanup: %s", kept.explain(retention),
+                        extra={"topic": kept.topic})  # fmt: skip
+            retention = kept.keep
         deleted = delete_sent(
             conn,
             self.config.schema,
-            retention=self.config.retention,
+            retention=retention,
             batch=self.config.cleanup_batch,
-            should_stop=self._stopping,
+            should_stop=self._cleanup_should_stop,
         )
         if deleted:
             log.info("outbox cleanup: deleted %d sent rows", deleted)
+
+    def _cleanup_should_stop(self) -> bool:
+        self._turned()  # asked between cleanup batches: the loop is busy, not stuck
+        return self._stopping()
+
+    def _turned(self) -> None:
+        self._shared.turned(self.index)
 
     def _wait(self, listen: Connection) -> None:
         """Sleep until a NOTIFY, the poll interval, or stop — in short slices for signals."""
         deadline = time.monotonic() + self.config.poll_interval
         while not self._stopping():
+            self._turned()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -300,6 +382,7 @@ class LaneGroup:
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while not self._stopping() and time.monotonic() < deadline:
+            self._turned()
             time.sleep(min(0.2, deadline - time.monotonic()))
 
 

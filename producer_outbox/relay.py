@@ -5,9 +5,11 @@ relay's loop over its share of the lanes with its own connection and producer
 (:mod:`.group`)::
 
     wake (NOTIFY from a committing writer, or the poll interval as fallback)
-    ──► upkeep tasks that are due (lane balancing; cleanup in group 0)
     ──► one transaction per batch: claim ──► publish, await every delivery
         report ──► mark ──► COMMIT
+    ──► upkeep tasks that are due: lane balancing; in group 0 the cleanup
+        (never of rows whose topic still keeps their records, :mod:`.retention`)
+        and, with an SDK, the outbox's gauges
 
 With two groups, one group's PostgreSQL work overlaps the other's Python and
 Kafka work; their batches never share a key (:mod:`.group` says why).
@@ -63,6 +65,11 @@ Guarantees and choices:
   balancing starts anew with each connection (the locks were the old
   connection's); the cleanup keeps its schedule across reconnects, its first
   run right after the start.
+- **Health.** An optional observer (:class:`RelayObserver`; ``--health-port``
+  serves it as ``/livez`` and ``/readyz``) hears how many lanes the relay
+  owns (all groups together) and that the loop turns: a turn is reported
+  once every group turned since the last report, so one stuck group makes
+  the whole relay not live.
 - **Shutdown.** :meth:`Relay.stop` (SIGTERM/SIGINT in the CLI) lets each
   group's current batch finish and commit, releases the lanes, closes
   connections. A group that fails stops the others, and :meth:`Relay.run`
@@ -78,10 +85,12 @@ from collections.abc import Callable
 import psycopg
 
 from producer_outbox.config import RelayConfig
-from producer_outbox.group import Connection, LaneGroup, Shared
+from producer_outbox.group import Connection, LaneGroup, RelayObserver, Shared
 from producer_outbox.publisher import Publisher, Siblings
+from producer_outbox.retention import TopicRetention
+from producer_outbox.telemetry import RelayTelemetry
 
-__all__ = ["Relay", "RelayConfig"]
+__all__ = ["Relay", "RelayConfig", "RelayObserver"]
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +109,17 @@ class Relay:
         publisher: Publisher,
         *,
         connect: Callable[[], Connection] | None = None,
+        observer: RelayObserver | None = None,
+        topic_retention: TopicRetention | None = None,
+        telemetry: RelayTelemetry | None = None,
     ) -> None:
         self.config = config.validate()
+        # With it, sent rows outlive their records on the broker (:mod:`.retention`).
+        self._topic_retention = topic_retention
+        self._observer = observer
         self._publisher = publisher
+        # One for every group: its instruments are thread-safe, its gauges read by group 0.
+        self._telemetry = telemetry or RelayTelemetry(self.config.schema)
         self._connect = connect or (lambda: psycopg.connect(config.database_url, autocommit=True))
         self._stopping = False
         groups = min(self.config.parallel, self.config.lanes)
@@ -123,7 +140,7 @@ class Relay:
         publishers = [self._publisher]
         if isinstance(self._publisher, Siblings):
             publishers += [self._publisher.sibling() for _ in range(self.groups - 1)]
-        shared = Shared()
+        shared = Shared(self.groups, self._observer)
         errors: list[BaseException] = []
         groups = [
             LaneGroup(
@@ -134,6 +151,8 @@ class Relay:
                 groups=self.groups,
                 should_stop=lambda: self._stopping or bool(errors),
                 shared=shared,
+                telemetry=self._telemetry,
+                topic_retention=self._topic_retention,
             )
             for index in range(self.groups)
         ]

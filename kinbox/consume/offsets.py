@@ -5,6 +5,14 @@ every event below it has committed, so whatever this module commits to Kafka
 is safe (DESIGN invariant 2). Leaving is the other half of the rule: a
 partition that is revoked gets one best-effort commit, and a partition that
 is lost gets none — another member owns it already.
+
+Markers: a transactional producer's commit (or abort) marker takes an
+offset of its own and is no record, so ``last offset + 1`` stops one short
+of it, and a partition whose transactions all committed would show a lag
+of one for ever. Once every record the consumer handed over for a
+partition is settled in the database, everything below the consumer's
+position is settled or no record at all; that position is committed
+instead (see :meth:`Offsets.handed`).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import logging
 import time
 from collections.abc import Iterable
 
+from kinbox.consume.envelope import Record
 from kinbox.errors import FatalTransportError, TransportError
 from kinbox.kafka.base import Partition, Transport
 
@@ -33,16 +42,59 @@ class Offsets:
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
         self._pending: dict[Partition, int] = {}
+        # Per partition, for stepping over markers: the offset after the last
+        # record handed over, after the last one settled, and what this
+        # member last committed.
+        self._handed: dict[Partition, int] = {}
+        self._settled: dict[Partition, int] = {}
+        self._committed: dict[Partition, int] = {}
         self._last_warning = -_WARN_EVERY
+
+    def handed(self, records: Iterable[Record]) -> None:
+        """Note records the consumer handed over (every one a poll returned, run or not).
+
+        Until each is settled (:meth:`advance` past it) its partition's
+        position is never committed: a record put back or skipped could lie
+        below it.
+        """
+        for record in records:
+            tp = (record.topic, record.partition)
+            self._handed[tp] = max(self._handed.get(tp, 0), record.offset + 1)
 
     def advance(self, tp: Partition, next_offset: int) -> None:
         """Record that every event of ``tp`` below ``next_offset`` is committed in the DB."""
         # max(): an older result (a revoke's wait, then the loop) never moves it back.
         self._pending[tp] = max(self._pending.get(tp, 0), next_offset)
+        self._settled[tp] = max(self._settled.get(tp, 0), next_offset)
 
     def forget(self, tp: Partition) -> None:
         """Drop ``tp``'s pending offset: the partition is no longer this member's."""
-        self._pending.pop(tp, None)
+        for known in (self._pending, self._handed, self._settled, self._committed):
+            known.pop(tp, None)
+
+    def _due(self, partitions: Iterable[Partition] | None = None) -> dict[Partition, int]:
+        """What to commit now (of ``partitions``, default all): pending, or past markers."""
+        wanted = None if partitions is None else set(partitions)
+        due = {tp: o for tp, o in self._pending.items() if wanted is None or tp in wanted}
+        # Partitions whose every handed-over record is settled in the database.
+        idle = [
+            tp
+            for tp, settled in self._settled.items()
+            if settled >= self._handed.get(tp, 0) and (wanted is None or tp in wanted)
+        ]
+        if not idle:
+            return due
+        try:
+            positions = self._transport.positions(idle)
+        except FatalTransportError:
+            raise
+        except TransportError as exc:
+            log.debug("reading positions failed, committing without them: %s", exc)
+            return due
+        for tp, position in positions.items():
+            if position > max(due.get(tp, 0), self._committed.get(tp, 0)):
+                due[tp] = position
+        return due
 
     def commit(self) -> None:
         """Commit every pending offset; on any failure keep them for the next turn.
@@ -60,9 +112,9 @@ class Offsets:
             FatalTransportError: the consumer is fatally broken; no turn can
                 commit again, so the worker must end.
         """
-        if not self._pending:
+        offsets = self._due()
+        if not offsets:
             return
-        offsets = dict(self._pending)
         try:
             self._transport.commit(offsets)
         except FatalTransportError:
@@ -76,13 +128,14 @@ class Offsets:
             return
         self._last_warning = -_WARN_EVERY
         for tp, offset in offsets.items():
+            self._committed[tp] = max(self._committed.get(tp, 0), offset)
             # A batch may have advanced it meanwhile (from a revoke's wait).
-            if self._pending.get(tp) == offset:
-                del self._pending[tp]
+            if self._pending.get(tp, offset) <= offset:
+                self._pending.pop(tp, None)
 
     def commit_leaving(self, partitions: Iterable[Partition]) -> None:
         """Commit the pending offsets of ``partitions`` once, as they are revoked."""
-        offsets = {tp: self._pending[tp] for tp in partitions if tp in self._pending}
+        offsets = self._due(partitions)
         if not offsets:
             return
         try:

@@ -7,8 +7,10 @@ covered — never more (:mod:`kinbox.consume.offsets`, DESIGN invariant 2).
 
 A partition that failed backs off (:mod:`kinbox.consume.backoff`): paused, rewound
 to the failed offset and resumed after the policy's delay, while the loop
-keeps polling. This module owns the loop, the assignment and the rebalance
-callbacks, and wires those pieces together.
+keeps polling. When the handler fails for event after event, the circuit
+breaker (:mod:`kinbox.consume.breaker`) pauses every partition for a while
+and then lets one event through. This module owns the loop, the assignment
+and the rebalance callbacks, and wires those pieces together.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from kinbox.apply.outcome import BatchResult
 from kinbox.apply.policy import FailurePolicy, RetryPolicy
 from kinbox.config import Settings
 from kinbox.consume.backoff import Backoff
+from kinbox.consume.breaker import Breaker
 from kinbox.consume.envelope import Record
 from kinbox.consume.inflight import InFlight, Results
+from kinbox.consume.lag import LagBoard
 from kinbox.consume.offsets import Offsets
 from kinbox.errors import ConfigurationError, FatalTransportError, TransportError
 from kinbox.kafka.base import Partition, Publisher, Transport
@@ -50,6 +54,8 @@ class Runner:
         publisher: where dead letters go (closed by :meth:`run`).
         dead_letter_limits: record size limit per dead-letter topic (see
             :func:`kinbox.kafka.admin.check_dead_letter_topics`).
+        lag: the consumer's lag per partition, filled by ``transport``;
+            handed to the middleware (:class:`~kinbox.middleware.base.WorkerInfo`).
     """
 
     def __init__(
@@ -62,6 +68,7 @@ class Runner:
         clock: Callable[[], float] = time.monotonic,
         publisher: Publisher | None = None,
         dead_letter_limits: Mapping[str, int] | None = None,
+        lag: LagBoard | None = None,
     ) -> None:
         if not app.routes:
             raise ConfigurationError(f"{app!r} has no handlers: decorate one with @handler")
@@ -70,6 +77,7 @@ class Runner:
         self._transport = transport
         self._store = store
         self._publisher = publisher
+        self._lag = lag
         self._processor = BatchProcessor(
             app.routes,
             store,
@@ -88,6 +96,7 @@ class Runner:
         self._backoff = Backoff(
             transport, policy or RetryPolicy(settings.retry_initial, settings.retry_max), clock
         )
+        self._breaker = Breaker(transport, settings.breaker_failures, settings.breaker_pause, clock)
         self._inflight = InFlight(
             transport,
             settings.batch_max_messages,
@@ -118,7 +127,9 @@ class Runner:
                 already committed stay valid; a restart resumes from them.
             TransportError: Kafka refused the subscription.
         """
-        worker = WorkerInfo(self._settings.group_id, tuple(self._app.topics))
+        worker = WorkerInfo(
+            self._settings.group_id, tuple(self._app.topics), self._settings, self._lag
+        )
         chain = Chain(self._app.middleware)
         try:
             chain.before_worker_start(worker)
@@ -186,7 +197,8 @@ class Runner:
 
     def turn(self) -> None:
         """One poll-apply-commit round (public so tests can step the loop)."""
-        self._backoff.resume_due()
+        if self._breaker.gate(self._assigned, self._backoff.paused):
+            self._backoff.resume_due()
         records = self._transport.poll(
             self._settings.batch_max_messages, self._settings.batch_max_wait
         )
@@ -230,7 +242,11 @@ class Runner:
 
     def _release(self, partitions: list[Partition]) -> None:
         held = self._inflight.held
-        paused = [tp for tp in partitions if tp in self._backoff.paused or tp in held]
+        paused = [
+            tp
+            for tp in partitions
+            if tp in self._backoff.paused or tp in held or tp in self._breaker.held
+        ]
         if paused:
             try:
                 # Pausing is the member's own state; don't let it outlive the
@@ -246,21 +262,27 @@ class Runner:
         self._inflight.held.discard(tp)
         self._offsets.forget(tp)
         self._backoff.forget(tp)
+        self._breaker.forget(tp)
 
     def _handle(self, records: list[Record]) -> None:
+        self._offsets.handed(records)
         by_partition: dict[Partition, list[Record]] = {}
         for record in records:
             by_partition.setdefault((record.topic, record.partition), []).append(record)
-        jobs: list[Job] = []
-        for tp, batch in by_partition.items():
-            if tp in self._backoff.paused:
-                # Fetched before the pause took effect; the partition was
-                # rewound and will deliver these again after the resume.
-                continue
-            jobs.append((tp, batch, self._backoff.attempt(tp, batch[0].offset)))
+        # A partition backing off was fetched before its pause took effect; it
+        # was rewound and will deliver these again after the resume.
+        runnable = {tp: b for tp, b in by_partition.items() if tp not in self._backoff.paused}
+        jobs: list[Job] = [
+            (tp, batch, self._backoff.attempt(tp, batch[0].offset))
+            for tp, batch in self._breaker.admit(runnable).items()
+        ]
         if not jobs:
             return
-        holdable = sorted(tp for tp in self._assigned if tp not in self._backoff.paused)
+        holdable = sorted(
+            tp
+            for tp in self._assigned
+            if tp not in self._backoff.paused and tp not in self._breaker.held
+        )
         results = self._inflight.run(
             lambda: self._process(jobs), {tp for tp, _, _ in jobs}, holdable
         )
@@ -275,6 +297,7 @@ class Runner:
         return [(tp, self._processor.process(batch, attempt)) for tp, batch, attempt in jobs]
 
     def _settle(self, tp: Partition, result: BatchResult) -> None:
+        self._breaker.observe(result)
         if result.next_offset is not None:
             self._offsets.advance(tp, result.next_offset)
             self._backoff.advanced(tp, result.next_offset)

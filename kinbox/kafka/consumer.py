@@ -8,13 +8,24 @@ Offsets: ``enable.auto.commit=false`` and ``enable.auto.offset.store=false``.
 kinbox commits synchronously, and only offsets whose events are committed in
 PostgreSQL; nothing in librdkafka commits on its own (auto-commit would also
 commit on revoke, including partitions whose batch was rolled back).
+
+Isolation: ``read_committed``. A transactional producer's records reach the
+handlers only once their transaction committed; aborted ones never do. The
+consumer reads up to the partition's *last stable offset*: behind a
+transaction still open it waits (polling, without error), and the offsets it
+commits step over the transaction markers, which take an offset each but are
+no record.
+
+Every call into the client runs under a :class:`~kinbox.kafka.watch.CallWatch`:
+a synchronous commit can wait forever inside librdkafka, and then the worker
+must say so, and end, rather than stall in silence.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from confluent_kafka import (
@@ -29,15 +40,24 @@ from confluent_kafka import (
 from kinbox import describe as text
 from kinbox.config import Settings
 from kinbox.consume.envelope import Record
+from kinbox.consume.lag import LagBoard
 from kinbox.errors import FatalTransportError
 from kinbox.kafka.base import Partition, RebalanceListener
-from kinbox.kafka.errors import broken, create_client, describe, is_fatal, translate
+from kinbox.kafka.errors import ClientLog, broken, create_client, describe, is_fatal, translate
+from kinbox.kafka.stats import DEFAULT_INTERVAL_MS, on_stats
+from kinbox.kafka.watch import CallWatch
 
 log = logging.getLogger(__name__)
 
 
-def consumer_config(settings: Settings) -> dict[str, Any]:
-    """Return the librdkafka configuration for ``settings``; ``-X`` overrides win."""
+def consumer_config(settings: Settings, lag: LagBoard | None = None) -> dict[str, Any]:
+    """Return the librdkafka configuration for ``settings``; ``-X`` overrides win.
+
+    With ``lag``, librdkafka reports its statistics every
+    :data:`~kinbox.kafka.stats.DEFAULT_INTERVAL_MS` (``-X
+    statistics.interval.ms`` changes it, 0 turns it off) and each report's
+    partition lags go to the board.
+    """
     overrides = dict(settings.kafka_overrides)
     config: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
@@ -46,6 +66,11 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         "enable.auto.offset.store": False,
         # A new group must not skip events published before it first joined.
         "auto.offset.reset": "earliest",
+        # Never hand a handler a record of a transaction its producer aborted
+        # (or has not committed yet): an aborted record was never published.
+        # librdkafka's default too, but kinbox's guarantees rest on it, so it
+        # is set here, visibly; -X isolation.level=read_uncommitted overrides.
+        "isolation.level": "read_committed",
         "max.poll.interval.ms": int(settings.max_poll_interval * 1000),
         "logger": logging.getLogger("kinbox.kafka"),
     }
@@ -56,6 +81,9 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         # Cooperative: a rebalance moves only the partitions that change
         # owner, so the others keep flowing.
         config["partition.assignment.strategy"] = "cooperative-sticky"
+    if lag is not None:
+        config["statistics.interval.ms"] = DEFAULT_INTERVAL_MS
+        config["stats_cb"] = on_stats(lag.update)
     config.update(overrides)
     return config
 
@@ -63,13 +91,33 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
 class KafkaTransport:
     """:class:`Transport` on a confluent-kafka ``Consumer``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        lag: LagBoard | None = None,
+        on_wedged: Callable[[str], None] | None = None,
+    ) -> None:
         """Create the consumer (it joins the group at :meth:`subscribe`).
+
+        Args:
+            settings: the worker's settings.
+            lag: where each statistics report's partition lags go (see
+                :func:`consumer_config`); ``None``: no statistics.
+            on_wedged: called when a call into the client has not returned for
+                twice the poll interval (see :mod:`kinbox.kafka.watch`);
+                ``None`` only warns. ``kinbox worker`` exits there.
 
         Raises:
             ConfigurationError: librdkafka refused the configuration (``-X``).
         """
-        self._consumer = create_client(Consumer, consumer_config(settings), "the consumer")
+        config = consumer_config(settings, lag)
+        self._log = ClientLog(config["logger"])
+        config["logger"] = self._log
+        self._consumer = create_client(Consumer, config, "the consumer")
+        # A call may last a revoke's wait and a commit; one past the poll
+        # interval has cost the member its place in the group already.
+        interval = settings.effective_max_poll_interval
+        self._watch = CallWatch(interval, 2 * interval, on_wedged)
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         """See :meth:`Transport.subscribe`.
@@ -96,6 +144,7 @@ class KafkaTransport:
             )
         except KafkaException as exc:
             raise translate(f"subscribing to {list(topics)!r}", exc) from exc
+        self._watch.start()
 
     def poll(self, max_messages: int, timeout: float) -> list[Record]:
         """See :meth:`Transport.poll`; error events are logged, fatal ones raised.
@@ -106,11 +155,12 @@ class KafkaTransport:
                 event carries code ``_FATAL`` and the reason in its text.
         """
         try:
-            messages = self._consumer.consume(max_messages, timeout)
+            with self._watch.call("polling"):
+                messages = self._consumer.consume(max_messages, timeout)
         except KafkaException as exc:
             raise translate("consuming", exc) from exc
         except SystemError as exc:
-            raise FatalTransportError(f"consuming: {broken(exc)}") from exc
+            raise FatalTransportError(f"consuming: {broken(exc, self._log)}") from exc
         records = []
         for msg in messages:
             err = msg.error()
@@ -128,7 +178,9 @@ class KafkaTransport:
             return
         parts = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         try:
-            result = self._consumer.commit(offsets=parts, asynchronous=False)
+            # No timeout in the binding: the watch is what bounds this wait.
+            with self._watch.call(f"committing {dict(offsets)}"):
+                result = self._consumer.commit(offsets=parts, asynchronous=False)
         except KafkaException as exc:
             if exc.args and exc.args[0].code() == KafkaError._NO_OFFSET:
                 return
@@ -151,12 +203,29 @@ class KafkaTransport:
     def seek(self, partition: Partition, offset: int) -> None:
         """See :meth:`Transport.seek`."""
         try:
-            self._consumer.seek(TopicPartition(partition[0], partition[1], offset))
+            with self._watch.call(f"seeking {partition}@{offset}"):
+                self._consumer.seek(TopicPartition(partition[0], partition[1], offset))
         except KafkaException as exc:
             raise translate(f"seeking {partition}@{offset}", exc) from exc
 
+    def positions(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
+        """See :meth:`Transport.positions`: librdkafka's application position.
+
+        librdkafka moves it past the transaction markers it serves in a poll
+        (since 1.4), which no committed ``last offset + 1`` ever reaches.
+        """
+        if not partitions:
+            return {}
+        try:
+            with self._watch.call(f"reading the positions of {list(partitions)}"):
+                parts = self._consumer.position([TopicPartition(t, p) for t, p in partitions])
+        except KafkaException as exc:
+            raise translate(f"reading the positions of {list(partitions)}", exc) from exc
+        return {(tp.topic, tp.partition): tp.offset for tp in parts if tp.offset >= 0}
+
     def close(self) -> None:
         """See :meth:`Transport.close`."""
+        self._watch.stop()  # close may outlast the watch's bound; the shutdown timer has it
         try:
             self._consumer.close()
         # SystemError: a fatal error met while close() ran a rebalance callback
@@ -166,7 +235,8 @@ class KafkaTransport:
 
     def _call(self, what: str, method: Any, partitions: Sequence[Partition]) -> None:
         try:
-            method([TopicPartition(t, p) for t, p in partitions])
+            with self._watch.call(f"{what} {list(partitions)}"):
+                method([TopicPartition(t, p) for t, p in partitions])
         except KafkaException as exc:
             raise translate(f"{what} {list(partitions)}", exc) from exc
 

@@ -28,6 +28,7 @@ from kinbox.store import migrations
 from kinbox.store.base import InboxTransaction, first_occurrences
 from kinbox.store.errors import left_aborted, transient_cause, translate
 from kinbox.store.schema import INBOX
+from kinbox.traceparent import trace_id
 
 
 class PostgresInboxStore:
@@ -60,12 +61,13 @@ class PostgresInboxStore:
         # conflict, so two members that briefly own the same partition during
         # a rebalance still apply the event once. Never SELECT-then-INSERT:
         # that races.
+        # The trace ids ride along as one more array: no extra statement.
         insert = (
             "INSERT INTO {}.processed_events"
-            ' (consumer, event_id, status, topic, partition, "offset")'
-            " SELECT %s, c.event_id, 'applied', c.topic, c.partition, c.off"
-            " FROM unnest(%s::text[], %s::text[], %s::int[], %s::bigint[])"
-            " AS c(event_id, topic, partition, off)"
+            ' (consumer, event_id, status, topic, partition, "offset", trace_id)'
+            " SELECT %s, c.event_id, 'applied', c.topic, c.partition, c.off, c.trace_id"
+            " FROM unnest(%s::text[], %s::text[], %s::int[], %s::bigint[], %s::text[])"
+            " AS c(event_id, topic, partition, off, trace_id)"
             " ON CONFLICT (consumer, event_id) "
         )
         table = sql.Identifier(self._schema)
@@ -77,7 +79,7 @@ class PostgresInboxStore:
         self._reclaim = sql.SQL(
             insert + "DO UPDATE SET status = 'applied',"
             ' topic = EXCLUDED.topic, partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
-            " processed_at = now(), reason = NULL"
+            " processed_at = now(), reason = NULL, trace_id = EXCLUDED.trace_id"
             " WHERE processed_events.status = 'dead_lettered'"
             " RETURNING event_id"
         ).format(table)
@@ -149,6 +151,8 @@ class _PostgresTransaction:
             [e.topic for e in events],
             [e.partition for e in events],
             [e.offset for e in events],
+            # Parsed here, never failing: a malformed header stores NULL.
+            [trace_id(e.headers) for e in events],
         )
         try:
             rows = self._conn.execute(statement, params).fetchall()

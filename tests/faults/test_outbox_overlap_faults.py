@@ -26,33 +26,29 @@ from psycopg import sql
 
 from kinbox.devstack.stack import Stack
 from producer_outbox.lanes import LaneOwner
-from tests.faults.conftest import Faults, Run
-from tests.faults.test_outbox_faults import _stop
-from tests.faults.test_outbox_order_faults import _first_deliveries
-from tests.integration.outbox_support import (
-    Conn,
+from tests.support.database import Conn
+from tests.support.fault_run import Run
+from tests.support.outbox import (
+    as_produced,
     consume,
     count,
     enqueue_many,
+    first_deliveries,
     migrate_outbox,
     relay_process,
-    wait_for,
+    stop_relay,
 )
-from tests.support.records import Produced
+from tests.support.scenario import scenario
+from tests.support.waiting import wait_for
 
 GROUPS = 2
 
 
-def test_relay_killed_with_both_lane_groups_in_flight(faults: Faults, stack: Stack) -> None:
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "relay SIGKILL, 2 batches in flight",
-            scenario="12b outbox relay killed, two batches in flight",
-            bootstrap=stack.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            _scenario(run, stack, faults.events)
+@scenario(
+    "12b", "outbox relay killed, two batches in flight", fault="relay SIGKILL, 2 batches in flight"
+)
+def test_relay_killed_with_both_lane_groups_in_flight(run: Run, stack: Stack) -> None:
+    _scenario(run, stack, run.events)
 
 
 def _publish_through_the_kill(
@@ -90,12 +86,13 @@ def _publish_through_the_kill(
         # starting up has no SIGTERM handler yet)
         registered = LaneOwner(db, run.schema, 8)
         wait_for(lambda: registered.relays() == 2, what="both relays registered")
-        assert all(_stop(r) == 0 for r in relays[1:]), "a relay did not stop cleanly"
+        assert all(stop_relay(r) == 0 for r in relays[1:]), "a relay did not stop cleanly"
         print(f"[faults] scenario 12b: killed at overlapped pass {nth}")
     finally:
         for relay in relays:
             if relay.poll() is None:
                 relay.kill()
+                relay.wait(10)
 
 
 def _scenario(run: Run, stack: Stack, events: int) -> None:
@@ -124,11 +121,10 @@ def _scenario(run: Run, stack: Stack, events: int) -> None:
     )
     assert max(copies.values()) == 2, "a row went out more than twice"
     # and every key's first deliveries are in (txid, seq) order
-    assert _first_deliveries(received) == promised
+    firsts = first_deliveries(received)
+    assert {key: [r.event_id for r in rs] for key, rs in firsts.items()} == promised
     print(f"[faults] scenario 12b: {len(items)} rows, batch {batch}, duplicates {duplicates}")
-    run.produced = Produced(
-        run.topic, run.partitions, {(r.partition, r.offset): r.event_id for r in received}
-    )
+    run.produced = as_produced(run.topic, run.partitions, received)
     # And downstream, the worker applies every row once (suppressing the duplicates)
     run.wait_caught_up(downstream)
     assert downstream.stop() == 0, downstream.log_tail()

@@ -21,17 +21,17 @@ from producer_outbox.publisher import KafkaPublisher, Outcome, producer_config
 from producer_outbox.records import Record
 from producer_outbox.relay import Relay
 from producer_outbox.writer import enqueue
-from tests.integration.outbox_support import (
-    Conn,
+from tests.integration.test_fatal_producers import relaying
+from tests.integration.test_outbox_parked import _topic_with_limit
+from tests.support.database import Conn
+from tests.support.outbox import (
     consume,
     count,
     migrate_outbox,
     outbox_rows,
     relay_config,
-    wait_for,
 )
-from tests.integration.test_fatal_producers import relaying
-from tests.integration.test_outbox_parked import _topic_with_limit
+from tests.support.waiting import wait_for
 
 LIMIT = 1000  # the topic's max.message.bytes
 
