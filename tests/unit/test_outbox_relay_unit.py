@@ -9,6 +9,7 @@ import pytest
 
 from kinbox.errors import ConfigurationError
 from producer_outbox.config import RelayConfig
+from producer_outbox.group import Shared
 from producer_outbox.lanes import group_target
 from producer_outbox.publisher import HELD, KafkaPublisher, Outcome, producer_config
 from producer_outbox.records import OutboxRow, Record, row_from_db, to_record
@@ -120,3 +121,37 @@ def test_relay_runs_lane_groups_only_with_a_publisher_that_has_siblings() -> Non
 def test_a_relays_share_of_lanes_splits_evenly_over_its_groups(share: int, groups: int) -> None:
     targets = [group_target(share, group, groups) for group in range(groups)]
     assert sum(targets) == share and max(targets) - min(targets) <= 1
+
+
+class _Observer:
+    def __init__(self) -> None:
+        self.turns = 0
+        self.held: list[int] = []
+
+    def turned(self) -> None:
+        self.turns += 1
+
+    def holding(self, count: int) -> None:
+        self.held.append(count)
+
+
+def test_the_relay_turns_only_once_every_lane_group_turned() -> None:
+    observer = _Observer()
+    shared = Shared(2, observer)
+    # A group that turns again and again while the other is stuck: no turn.
+    for _ in range(5):
+        shared.turned(0)
+    assert observer.turns == 0
+    shared.turned(1)
+    assert observer.turns == 1
+    shared.turned(1)
+    assert observer.turns == 1
+
+
+def test_the_relay_holds_the_lanes_of_all_its_groups() -> None:
+    observer = _Observer()
+    shared = Shared(2, observer)
+    shared.holding(0, 5)
+    shared.holding(1, 3)
+    shared.holding(0, 0)  # group 0 lost its connection
+    assert observer.held == [5, 8, 3]
