@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--contender", action="append", choices=[c.name for c in CONTENDERS])
     parser.add_argument("--repeat", type=int, help="runs per contender and scenario")
     parser.add_argument("--events", type=int, help="events per run for the fast contenders")
+    parser.add_argument("--outbox-rows", type=int, help="the outbox relay's backlog")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where bench.* go")
     parser.add_argument(
         "--no-cdc", action="store_true", help="no Kafka Connect: the outbox relay runs alone"
@@ -85,6 +86,8 @@ def main() -> None:
         sizes = replace(sizes, repeat=args.repeat)
     if args.events:
         sizes = replace(sizes, events=args.events)
+    if args.outbox_rows:
+        sizes = replace(sizes, outbox_rows=args.outbox_rows)
     scenarios, contenders = select(args.scenario or (), args.contender or ())
     cdc = not args.no_cdc and any(s.kind == "outbox" for s in scenarios)
     with stack(cdc=cdc) as target:

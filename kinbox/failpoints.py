@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,6 +43,10 @@ NAMES: Mapping[str, str] = {
         "kinbox worker and every benchmark contender: committed, offsets not yet committed"
     ),
     "relay_after_publish": "outbox relay: Kafka acknowledged a batch, its rows not yet marked sent",
+    "relay_after_publish_overlapped": (
+        "outbox relay: as relay_after_publish, passed only while another lane group's batch "
+        "is in flight too"
+    ),
 }
 
 _FORM = f"use name={'|'.join(ACTIONS)}[@n] with n >= 1"
@@ -92,6 +97,9 @@ class Failpoints:
     def __init__(self, spec: str | None = None) -> None:
         self._points: dict[str, Failpoint] = {}
         self._passes: Counter[str] = Counter()
+        # The relay's lane groups pass the same points from several threads:
+        # the n-th pass must be exactly one of them.
+        self._lock = threading.Lock()
         self.arm(spec)
 
     def arm(self, spec: str | None) -> None:
@@ -113,8 +121,10 @@ class Failpoints:
         point = self._points.get(name)
         if point is None:
             return
-        self._passes[name] += 1
-        if self._passes[name] != point.nth:
+        with self._lock:
+            self._passes[name] += 1
+            passes = self._passes[name]
+        if passes != point.nth:
             return
         if point.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)

@@ -13,7 +13,8 @@ The modules, along the flow of a row:
 ``writer``        :func:`enqueue`: a row in the caller's transaction, NOTIFY
 ``trace_context`` the W3C trace context a row carries from enqueue to the record
 ``schema``        the outbox's tables, as versioned migration steps
-``relay``         :class:`Relay`: the loop; ``config`` its settings
+``relay``         :class:`Relay`: its lane groups side by side; ``config``
+``group``         a lane group: the loop, one batch at a time on its connection
 ``lanes``         several relays share the outbox without reordering a key
 ``claim``         the relay's SQL: the next batch in per-key order, marking
 ``records``       rows and the Kafka records made of them (no I/O)

@@ -16,7 +16,7 @@ class RelayConfig:
     database_url: str
     schema: str = "kinbox"
     lanes: int = 16
-    batch_size: int = 100
+    batch_size: int = 1000
     poll_interval: float = 1.0
     max_attempts: int = 10
     backoff_base: float = 0.5
@@ -25,6 +25,8 @@ class RelayConfig:
     cleanup_interval: float = 3600.0
     cleanup_batch: int = 1000
     source: str | None = None
+    parallel: int = 2
+    """Lane groups publishing side by side, each with its own connection and producer."""
     metrics_interval: float = 10.0
     """Seconds between reads of the outbox's backlog for the gauges (only with an SDK)."""
 
@@ -34,6 +36,7 @@ class RelayConfig:
         checks: list[tuple[str, object, bool, str]] = [
             ("lanes", self.lanes, 1 <= self.lanes <= 4096, "1..4096"),
             ("batch_size", self.batch_size, 1 <= self.batch_size <= 10_000, "1..10000"),
+            ("parallel", self.parallel, 1 <= self.parallel <= 64, "1..64"),
             ("poll_interval", self.poll_interval, 0 < self.poll_interval <= 3600, "(0, 3600]"),
             ("max_attempts", self.max_attempts, self.max_attempts >= 1, ">= 1"),
             ("backoff_base", self.backoff_base, self.backoff_base >= 0, ">= 0"),

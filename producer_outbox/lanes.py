@@ -19,6 +19,12 @@ counts the live relays (for an even split: each takes at most
 ``ceil(lanes / relays)`` and releases any extra lane between batches) and
 catches a relay started with a different ``--lanes``, which would map one key
 to two lanes.
+
+A relay splits its share among its *lane groups* (:mod:`.group`), each with its
+own connection: group ``g`` of ``G`` takes its part of the share
+(:func:`group_target`) and locks its lanes on its own connection, so each lane
+still has one connection that holds its lock and runs its batches. Only group
+0 registers the relay, so the count is of relays, not of connections.
 """
 
 from __future__ import annotations
@@ -44,12 +50,34 @@ def _key(text: str) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
-class LaneOwner:
-    """Acquires, balances and releases a relay's lanes on one connection."""
+def group_target(share: int, group: int, groups: int) -> int:
+    """Lanes group ``group`` of ``groups`` takes of a relay's ``share``: an even split."""
+    return share // groups + (1 if group < share % groups else 0)
 
-    def __init__(self, conn: psycopg.Connection[tuple[Any, ...]], schema: str, lanes: int):
+
+class LaneOwner:
+    """Acquires, balances and releases a relay's lanes on one connection.
+
+    Args:
+        conn: the connection that holds the lane locks and runs their batches.
+        schema: the outbox's schema.
+        lanes: every relay's lane count.
+        group: which of the relay's ``groups`` lane groups this is; group 0
+            registers the relay (:meth:`register`).
+    """
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[tuple[Any, ...]],
+        schema: str,
+        lanes: int,
+        *,
+        group: int = 0,
+        groups: int = 1,
+    ):
         self._conn = conn
         self.lanes = lanes
+        self.group, self.groups = group, groups
         self._lane_key = _key(f"kinbox.outbox.lane:{schema}")
         self._relays_key = _key(f"kinbox.outbox.relays:{schema}")
         self.owned: set[int] = set()
@@ -95,7 +123,8 @@ class LaneOwner:
         Call only between batches: a lane is released only when none of its
         rows is in flight. Returns the lanes owned now.
         """
-        target = math.ceil(self.lanes / self.relays())
+        share = math.ceil(self.lanes / self.relays())
+        target = group_target(share, self.group, self.groups)
         while len(self.owned) > target:
             self._unlock(max(self.owned))
         if len(self.owned) < target:

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicCollection
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, not re-exported in the stubs
@@ -33,7 +33,14 @@ log = logging.getLogger(__name__)
 PRODUCER_DEFAULTS: dict[str, str] = {
     "enable.idempotence": "true",
     "acks": "all",
-    "linger.ms": "5",
+    # The relay flushes right after producing a batch (a flush sends at once,
+    # whatever linger.ms says) and waits for every delivery report: lingering
+    # only holds back the first request while the rest of the batch is being
+    # produced. 1 ms lets the records produced meanwhile share it.
+    "linger.ms": "1",
+    # Every request is on the path to a batch's COMMIT; Nagle's algorithm
+    # could hold a small one back until the previous one is acknowledged.
+    "socket.nagle.disable": "true",
     # Every record gets a delivery report within this time, so a batch's
     # transaction is never held longer than this (plus a margin).
     "message.timeout.ms": "30000",
@@ -111,6 +118,15 @@ class Publisher(Protocol):
 
     def close(self) -> None:
         """Release the client."""
+        ...
+
+
+@runtime_checkable
+class Siblings(Protocol):
+    """A publisher that can make another like it, for a relay's second lane group."""
+
+    def sibling(self) -> Publisher:
+        """A new publisher with this one's settings and a client of its own."""
         ...
 
 
@@ -208,6 +224,15 @@ class KafkaPublisher:
         """How many times a fatally failed producer was replaced."""
         self._metadata_timeout = min(10.0, timeout_ms / 1000)
         self._writable: set[str] = set()  # topics the broker confirmed (see _refused_topics)
+
+    def sibling(self) -> KafkaPublisher:
+        """A new publisher with this one's configuration and a producer of its own.
+
+        A relay's lane groups each publish through their own producer, so one
+        group's flush never waits for another's records (see
+        :mod:`producer_outbox.group`).
+        """
+        return KafkaPublisher(self._config, self._factory)
 
     def publish(self, records: Sequence[Record]) -> list[Outcome]:
         """Produce every record, flush, and return each delivery report's outcome."""

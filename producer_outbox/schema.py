@@ -44,6 +44,13 @@ They have no ``DEFAULT`` on purpose: Debezium records a column's default in
 the Connect schema, and Kafka Connect then reads a NULL as that default
 (KAFKA-8713), so an untraced row would be published with a bogus header.
 
+Step 5 adds ``outbox_troubled_idx``: the rows that can hold their key back
+by their own state — parked, or pending after a failed try (``last_error``
+set) — in ``(aggregateid, txid, seq)`` order. The claim's per-key probe reads
+it instead of every unsent row of the key, so its cost no longer grows with
+the key's backlog (see :mod:`producer_outbox.claim`). The index holds only
+those few rows; a healthy outbox keeps it empty.
+
 Bytes payloads live in their own ``bytea`` column so they round-trip exactly
 (no base64 convention a consumer must know); a CDC connector only routes
 ``payload``, so bytes rows are relay-only.
@@ -158,9 +165,27 @@ def _add_trace_context(schema: sql.Identifier) -> Sequence[sql.Composed | sql.SQ
     ]
 
 
+def _troubled_rows(schema: sql.Identifier) -> Sequence[sql.Composed | sql.SQL]:
+    return [
+        # The claim's "earlier row of the same key that holds it back?" probe.
+        # Its predicate must stay exactly the probe's (producer_outbox.claim),
+        # so the planner can prove the index applies.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS outbox_troubled_idx ON {}.outbox (aggregateid, txid, seq)"
+            " WHERE status = 'dead' OR (status = 'pending' AND last_error IS NOT NULL)"
+        ).format(schema),
+    ]
+
+
 OUTBOX = Component(
     "outbox",
-    [_create_table, _publish_order_and_failing_topics, _add_cause, _add_trace_context],
+    [
+        _create_table,
+        _publish_order_and_failing_topics,
+        _add_cause,
+        _add_trace_context,
+        _troubled_rows,
+    ],
 )
 """The outbox component: ``kinbox migrate`` applies it next to the inbox's."""
 

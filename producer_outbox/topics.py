@@ -14,7 +14,7 @@ are never parked. Instead the topic gets one row in
   ``backoff_base`` / ``backoff_max``), counted once per round of retries
   however many lanes or relays meet the error in that round;
 - the first record of the topic that Kafka acknowledges deletes the row
-  (:func:`clear`): the topic works again.
+  (:func:`clear_many`, one statement per batch): the topic works again.
 
 Why a table rather than something derived from the rows' ``last_error``: the
 failure is a fact about the topic. One row per failing topic is written only
@@ -23,13 +23,14 @@ rediscover the outage with a batch of its own), survives relay restarts, and
 is what ``kinbox outbox status`` — another process — reads to say which topics
 fail and why. The rows themselves are not rewritten on every try.
 
-Each statement here runs on its own (autocommit, after the batch's COMMIT) and
-touches one topic row, so relays reporting topics in different orders can
-never deadlock on this table.
+Each statement here runs on its own (autocommit, after the batch's COMMIT)
+and either touches one topic row or locks its rows in one order, so relays
+reporting topics in different orders can never deadlock on this table.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,10 +91,23 @@ def record_failure(
     return int(row[0]), max(0.0, float(row[1]))
 
 
-def clear(conn: psycopg.Connection[Any], schema: str, topic: str) -> bool:
-    """Forget ``topic``'s failure (a record of it was acknowledged); True if it was failing."""
-    statement = sql.SQL("DELETE FROM {} WHERE topic = %s").format(_table(schema))
-    return conn.execute(statement, (topic,)).rowcount > 0
+def clear_many(
+    conn: psycopg.Connection[Any], schema: str, names: Collection[str]
+) -> Callable[[], list[str]]:
+    """Forget the failures of ``names`` (records of each were acknowledged), in one statement.
+
+    Returns a function giving the topics that were failing; call it once the
+    statement has run (it may be queued in a pipeline). A seq scan or an index
+    scan both take the rows' locks in one order for every relay, so two relays
+    clearing the same topics cannot deadlock.
+    """
+    if not names:
+        return list
+    statement = sql.SQL("DELETE FROM {} WHERE topic = ANY(%s) RETURNING topic").format(
+        _table(schema)
+    )
+    cursor = conn.execute(statement, (sorted(names),))
+    return lambda: sorted(row[0] for row in cursor.fetchall())
 
 
 def failing(conn: psycopg.Connection[Any], schema: str) -> set[str]:

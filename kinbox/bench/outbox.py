@@ -68,7 +68,11 @@ def run(ctx: Context, schema: str, rep: int) -> list[RunResult]:
                 break
             if not relay.alive() or time.monotonic() - started > 120 + rows / 100:
                 raise KinboxError(f"relay: {left} rows still pending\n{relay.log_tail()}")
-            time.sleep(0.05)
+            # Not faster: the count reads every pending row's index entry, and
+            # at 20 a second it took a quarter of PostgreSQL's CPU time during
+            # a 100,000-row drain (9 of 35 µs a row), slowing what it measures.
+            # The rate comes from sent_at, so how often this looks changes nothing.
+            time.sleep(0.5)
         span = conn.execute(
             sql.SQL(
                 "SELECT count(*), extract(epoch FROM max(sent_at) - min(sent_at))::float8 FROM {}"

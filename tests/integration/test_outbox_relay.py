@@ -193,7 +193,7 @@ def test_relay_cleans_up_on_its_schedule_and_a_failing_cleanup_never_stops_it(
             raise psycopg.errors.InsufficientPrivilege("permission denied for table outbox")
         return delete_sent(*args, **kwargs)
 
-    monkeypatch.setattr("producer_outbox.relay.delete_sent", flaky_delete_sent)
+    monkeypatch.setattr("producer_outbox.group.delete_sent", flaky_delete_sent)
     with (
         caplog.at_level(logging.ERROR, logger="producer_outbox.schedule"),
         running_relay(stack, schema, cleanup_interval=0.5),

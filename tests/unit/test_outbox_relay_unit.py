@@ -1,14 +1,19 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
 from kinbox.errors import ConfigurationError
 from producer_outbox.config import RelayConfig
-from producer_outbox.publisher import HELD, KafkaPublisher, producer_config
+from producer_outbox.group import Shared
+from producer_outbox.lanes import group_target
+from producer_outbox.publisher import HELD, KafkaPublisher, Outcome, producer_config
 from producer_outbox.records import OutboxRow, Record, row_from_db, to_record
+from producer_outbox.relay import Relay
 
 
 def _row(
@@ -61,8 +66,8 @@ def test_row_from_db_prefers_bytes_and_defaults_null() -> None:
 
 
 def test_producer_config_keeps_idempotence() -> None:
-    config = producer_config("b:9092", {"linger.ms": "1"})
-    assert config["enable.idempotence"] == "true" and config["linger.ms"] == "1"
+    config = producer_config("b:9092", {"linger.ms": "7"})
+    assert config["enable.idempotence"] == "true" and config["linger.ms"] == "7"
     with pytest.raises(ConfigurationError, match=r"enable\.idempotence"):
         producer_config("b:9092", {"enable.idempotence": "false"})
 
@@ -93,3 +98,60 @@ def test_refused_record_holds_back_later_records_of_its_key() -> None:
     assert outcomes[1] is HELD, "waits behind its key without counting as an attempt"
     assert outcomes[2] is HELD, "a key's order spans topics"
     assert "SIZE" in (outcomes[3].error or "")
+
+
+def test_relay_runs_lane_groups_only_with_a_publisher_that_has_siblings() -> None:
+    class Plain:
+        def publish(self, records: Sequence[Record]) -> list[Outcome]:
+            raise AssertionError("not called")
+
+        def close(self) -> None:
+            pass
+
+    config = RelayConfig(database_url="postgresql://x", parallel=4)
+    assert Relay(config, Plain()).groups == 1
+    kafka = KafkaPublisher(producer_config("127.0.0.1:1", {"log_level": "0"}))
+    assert Relay(config, kafka).groups == 4
+    assert Relay(replace(config, lanes=3), kafka).groups == 3
+    assert Relay(replace(config, parallel=1), kafka).groups == 1
+    assert isinstance(kafka.sibling(), KafkaPublisher)
+
+
+@pytest.mark.parametrize(("share", "groups"), [(16, 2), (5, 2), (1, 2), (7, 3), (0, 2)])
+def test_a_relays_share_of_lanes_splits_evenly_over_its_groups(share: int, groups: int) -> None:
+    targets = [group_target(share, group, groups) for group in range(groups)]
+    assert sum(targets) == share and max(targets) - min(targets) <= 1
+
+
+class _Observer:
+    def __init__(self) -> None:
+        self.turns = 0
+        self.held: list[int] = []
+
+    def turned(self) -> None:
+        self.turns += 1
+
+    def holding(self, count: int) -> None:
+        self.held.append(count)
+
+
+def test_the_relay_turns_only_once_every_lane_group_turned() -> None:
+    observer = _Observer()
+    shared = Shared(2, observer)
+    # A group that turns again and again while the other is stuck: no turn.
+    for _ in range(5):
+        shared.turned(0)
+    assert observer.turns == 0
+    shared.turned(1)
+    assert observer.turns == 1
+    shared.turned(1)
+    assert observer.turns == 1
+
+
+def test_the_relay_holds_the_lanes_of_all_its_groups() -> None:
+    observer = _Observer()
+    shared = Shared(2, observer)
+    shared.holding(0, 5)
+    shared.holding(1, 3)
+    shared.holding(0, 0)  # group 0 lost its connection
+    assert observer.held == [5, 8, 3]
