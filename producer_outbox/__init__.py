@@ -1,6 +1,7 @@
 """producer_outbox: a transactional outbox writer and relay for PostgreSQL and Kafka.
 
-Write with :func:`enqueue` inside your business transaction; run
+Write with :func:`enqueue` (or :func:`enqueue_async` on an ``AsyncConnection``)
+inside your business transaction; run
 ``kinbox outbox relay`` to publish. Never imports kinbox's consumer code.
 
 The names below load on first use (PEP 562), so a service that only writes
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from producer_outbox.relay import Relay
     from producer_outbox.schema import OUTBOX
     from producer_outbox.status import OutboxStatus, read_status
-    from producer_outbox.writer import enqueue
+    from producer_outbox.writer import enqueue, enqueue_async
 
 __all__ = [
     "OUTBOX",
@@ -61,6 +62,7 @@ __all__ = [
     "RelayConfig",
     "delete_sent",
     "enqueue",
+    "enqueue_async",
     "read_status",
 ]
 
@@ -78,6 +80,7 @@ _SOURCES = {
     "RelayConfig": "producer_outbox.config",
     "delete_sent": "producer_outbox.cleanup",
     "enqueue": "producer_outbox.writer",
+    "enqueue_async": "producer_outbox.writer",
     "read_status": "producer_outbox.status",
 }
 

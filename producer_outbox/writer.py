@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Generator, Mapping
+from typing import Any, cast
 
 import psycopg
 from psycopg import sql
@@ -105,30 +105,37 @@ _CAUSE_NAMES = ("caused_by_consumer", "caused_by_event_id")
 _TRACE_NAMES = tuple(trace_context.COLUMNS)
 
 
+# One step of an enqueue: a statement and its parameters. The driver runs it
+# and sends back its first row, or throws the psycopg error back in.
+_Step = tuple[sql.SQL | sql.Composed | str, tuple[Any, ...]]
+_Steps = Generator[_Step, tuple[Any, ...] | None, uuid.UUID]
+_Connection = psycopg.Connection[Any] | psycopg.Cursor[Any]
+_AsyncConnection = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
+
+
 def _has_columns(
-    conn: psycopg.Connection[Any] | psycopg.Cursor[Any], schema: str, names: tuple[str, ...]
-) -> bool:
+    info: psycopg.ConnectionInfo, schema: str, names: tuple[str, ...]
+) -> Generator[_Step, tuple[Any, ...] | None, bool]:
     """Whether the outbox in ``schema`` has every column of ``names`` (asked once per process).
 
     What those columns hold (the trace context, the inbox event that caused
     the row) is bookkeeping and must never fail an enqueue: an outbox not yet
     migrated (new code deployed before ``kinbox migrate``) simply records none.
     """
-    info = conn.connection.info if isinstance(conn, psycopg.Cursor) else conn.info
     where = (info.host, info.port, info.dbname, schema, names)
     found = _COLUMNS_FOUND.get(where)
     if found is None:
-        row = conn.execute(
+        row = yield (
             "SELECT count(*) = %s FROM pg_attribute WHERE attrelid = to_regclass(%s)"
             " AND attname = ANY(%s) AND NOT attisdropped",
             (len(names), f"{sql_identifier(schema, setting='schema')}.outbox", list(names)),
-        ).fetchone()
+        )
         found = _COLUMNS_FOUND[where] = bool(row and row[0])
     return found
 
 
 def enqueue(
-    conn: psycopg.Connection[Any] | psycopg.Cursor[Any],
+    conn: _Connection,
     topic: str,
     payload: object,
     *,
@@ -171,6 +178,65 @@ def enqueue(
             payload is bytes and the outbox is published by CDC.
         StoreError: the INSERT failed (for instance, the outbox table is missing).
     """
+    info = conn.connection.info if isinstance(conn, psycopg.Cursor) else conn.info
+    steps = _enqueue(info, topic, payload, key, headers, event_id, event_type, schema)
+    row: tuple[Any, ...] | None = None
+    failure: psycopg.Error | None = None
+    while True:
+        try:
+            step = steps.send(row) if failure is None else steps.throw(failure)
+        except StopIteration as done:
+            return cast(uuid.UUID, done.value)
+        row, failure = None, None
+        try:
+            row = conn.execute(*step).fetchone()
+        except psycopg.Error as exc:
+            failure = exc
+
+
+async def enqueue_async(
+    conn: _AsyncConnection,
+    topic: str,
+    payload: object,
+    *,
+    key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    event_id: uuid.UUID | None = None,
+    event_type: str | None = None,
+    schema: str = "kinbox",
+) -> uuid.UUID:
+    """:func:`enqueue` on a psycopg ``AsyncConnection`` (or ``AsyncCursor``), for asyncio services.
+
+    The same row, checks and errors as :func:`enqueue`: both drive one
+    sequence of steps (:func:`_enqueue`), one awaiting each statement.
+    """
+    info = conn.connection.info if isinstance(conn, psycopg.AsyncCursor) else conn.info
+    steps = _enqueue(info, topic, payload, key, headers, event_id, event_type, schema)
+    row: tuple[Any, ...] | None = None
+    failure: psycopg.Error | None = None
+    while True:
+        try:
+            step = steps.send(row) if failure is None else steps.throw(failure)
+        except StopIteration as done:
+            return cast(uuid.UUID, done.value)
+        row, failure = None, None
+        try:
+            row = await (await conn.execute(*step)).fetchone()
+        except psycopg.Error as exc:
+            failure = exc
+
+
+def _enqueue(
+    info: psycopg.ConnectionInfo,
+    topic: str,
+    payload: object,
+    key: str | None,
+    headers: Mapping[str, str] | None,
+    event_id: uuid.UUID | None,
+    event_type: str | None,
+    schema: str,
+) -> _Steps:
+    """The steps of one enqueue, without I/O: the sync and async drivers run them."""
     topic_name(topic)
     schema_id = sql.Identifier(sql_identifier(schema, setting="schema"))
     if key is not None and (
@@ -201,19 +267,19 @@ def enqueue(
     columns: list[sql.Composable] = []
     values: list[sql.Composable] = []
     traced = trace_context.current()
-    if traced is not None and _has_columns(conn, schema, _TRACE_NAMES):
+    if traced is not None and (yield from _has_columns(info, schema, _TRACE_NAMES)):
         columns.append(_TRACE_COLUMNS)
         values.append(_TRACE_VALUES)
         params += traced
     cause = current_cause()
-    if cause is not None and _has_columns(conn, schema, _CAUSE_NAMES):
+    if cause is not None and (yield from _has_columns(info, schema, _CAUSE_NAMES)):
         columns.append(_CAUSE_COLUMNS)
         values.append(_CAUSE_VALUES)
         params += (cause.consumer, cause.event_id)
     statement = sql.SQL(_INSERT).format(schema_id, sql.Composed(columns), sql.Composed(values))
     params += (notify_channel(schema),)
     try:
-        conn.execute(statement, params)
+        yield statement, params
     except psycopg.errors.CheckViolation as exc:
         if exc.diag.constraint_name != CDC_CONSTRAINT:
             raise StoreError(
