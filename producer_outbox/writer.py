@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, cast
 
 import psycopg
@@ -114,7 +114,7 @@ _AsyncConnection = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
 
 
 def _has_columns(
-    info: psycopg.ConnectionInfo, schema: str, names: tuple[str, ...]
+    connection_info: Callable[[], psycopg.ConnectionInfo], schema: str, names: tuple[str, ...]
 ) -> Generator[_Step, tuple[Any, ...] | None, bool]:
     """Whether the outbox in ``schema`` has every column of ``names`` (asked once per process).
 
@@ -122,6 +122,7 @@ def _has_columns(
     the row) is bookkeeping and must never fail an enqueue: an outbox not yet
     migrated (new code deployed before ``kinbox migrate``) simply records none.
     """
+    info = connection_info()
     where = (info.host, info.port, info.dbname, schema, names)
     found = _COLUMNS_FOUND.get(where)
     if found is None:
@@ -178,7 +179,10 @@ def enqueue(
             payload is bytes and the outbox is published by CDC.
         StoreError: the INSERT failed (for instance, the outbox table is missing).
     """
-    info = conn.connection.info if isinstance(conn, psycopg.Cursor) else conn.info
+
+    def info() -> psycopg.ConnectionInfo:
+        return conn.connection.info if isinstance(conn, psycopg.Cursor) else conn.info
+
     steps = _enqueue(info, topic, payload, key, headers, event_id, event_type, schema)
     row: tuple[Any, ...] | None = None
     failure: psycopg.Error | None = None
@@ -210,7 +214,10 @@ async def enqueue_async(
     The same row, checks and errors as :func:`enqueue`: both drive one
     sequence of steps (:func:`_enqueue`), one awaiting each statement.
     """
-    info = conn.connection.info if isinstance(conn, psycopg.AsyncCursor) else conn.info
+
+    def info() -> psycopg.ConnectionInfo:
+        return conn.connection.info if isinstance(conn, psycopg.AsyncCursor) else conn.info
+
     steps = _enqueue(info, topic, payload, key, headers, event_id, event_type, schema)
     row: tuple[Any, ...] | None = None
     failure: psycopg.Error | None = None
@@ -227,7 +234,7 @@ async def enqueue_async(
 
 
 def _enqueue(
-    info: psycopg.ConnectionInfo,
+    info: Callable[[], psycopg.ConnectionInfo],
     topic: str,
     payload: object,
     key: str | None,
@@ -236,7 +243,10 @@ def _enqueue(
     event_type: str | None,
     schema: str,
 ) -> _Steps:
-    """The steps of one enqueue, without I/O: the sync and async drivers run them."""
+    """The steps of one enqueue, without I/O: the sync and async drivers run them.
+
+    ``info`` is read only when an optional column must be looked up.
+    """
     topic_name(topic)
     schema_id = sql.Identifier(sql_identifier(schema, setting="schema"))
     if key is not None and (

@@ -20,8 +20,12 @@ class FakeConnection:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, Any]] = []
 
-    def execute(self, statement: Any, params: Any = None) -> None:
+    def execute(self, statement: Any, params: Any = None) -> FakeConnection:
         self.calls.append((statement, params))
+        return self
+
+    def fetchone(self) -> None:
+        return None
 
 
 def _enqueue(fake: FakeConnection, *args: Any, **kwargs: Any) -> uuid.UUID:
