@@ -48,6 +48,7 @@ are fresh and applied now. Either way each effect commits once.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 
 from kinbox.apply import deadletter
@@ -117,9 +118,16 @@ class BatchProcessor:
         self._dispatcher = Dispatcher(consumer, max_attempts, self._chain)
         self._missing_id = missing_id
         self._limits = dict(dead_letter_limits or {})
+        # Batches of different partitions run on different threads; their
+        # dead letters share one producer, whose flush() answers for all it
+        # holds. One batch at a time sends and flushes, so each flush is its own.
+        self._sending = threading.Lock()
 
     def process(self, records: Sequence[Record], attempt: int = 1) -> BatchResult:
         """Apply ``records`` (one partition, offset order); never raises for bad input.
+
+        Safe to call from several threads at once for different partitions
+        (each transaction takes its own connection from the store).
 
         Args:
             records: consecutive records of one partition.
@@ -215,9 +223,11 @@ class BatchProcessor:
                     # The deferred checks COMMIT would run are run first, so a
                     # refused COMMIT is found before the broker has them.
                     self._check_deferred(tx)
-                    for letter in letters:
-                        deadletter.send(self._publisher, letter, self._limits.get(letter.target))
-                    self._publisher.flush()
+                    with self._sending:
+                        for letter in letters:
+                            limit = self._limits.get(letter.target)
+                            deadletter.send(self._publisher, letter, limit)
+                        self._publisher.flush()
                 failpoint("before_db_commit")
                 ready = True
         except StoreError as exc:

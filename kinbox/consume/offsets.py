@@ -3,15 +3,27 @@
 An offset enters here only after the transaction that applied (or recorded)
 every event below it has committed, so whatever this module commits to Kafka
 is safe (DESIGN invariant 2). Leaving is the other half of the rule: a
-partition that is revoked gets one best-effort commit, and a partition that
+partition that is revoked gets one synchronous commit, and a partition that
 is lost gets none — another member owns it already.
+
+While the worker runs, offsets are committed *asynchronously*
+(:meth:`Offsets.commit`): the polling thread sends them and goes on, and the
+broker's answer comes back through a later poll (:meth:`Offsets.answered`).
+An offset stays pending until the broker has confirmed it, so a failed
+commit is simply sent again by the next turn — but only while the partition
+is this member's: a revoke or a loss calls :meth:`Offsets.forget`, and a
+late answer for a forgotten partition finds nothing to retry. So a retry
+never lands on a new owner. (A commit sent before the revoke may still be
+on its way; it carries an offset the database had committed, the broker
+handles it before this member's rejoin — same connection, in order — and
+the revoke's own synchronous commit follows it.)
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from kinbox.errors import FatalTransportError, TransportError
 from kinbox.kafka.base import Partition, Transport
@@ -33,6 +45,9 @@ class Offsets:
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
         self._pending: dict[Partition, int] = {}
+        # Sent asynchronously and not answered yet: not sent again meanwhile.
+        self._sent: dict[Partition, int] = {}
+        self._fatal: FatalTransportError | None = None
         self._last_warning = -_WARN_EVERY
 
     def advance(self, tp: Partition, next_offset: int) -> None:
@@ -43,22 +58,58 @@ class Offsets:
     def forget(self, tp: Partition) -> None:
         """Drop ``tp``'s pending offset: the partition is no longer this member's."""
         self._pending.pop(tp, None)
+        self._sent.pop(tp, None)
 
     def commit(self) -> None:
-        """Commit every pending offset; on any failure keep them for the next turn.
-
-        Kept even when the broker rejects the commit outright: in a cooperative
-        rebalance a commit sent between its two phases gets ILLEGAL_GENERATION
-        although this member keeps the partition, and dropping the offset then
-        would leave it uncommitted until the next record arrives — a clean stop
-        would not commit it either, and a restart would redeliver. Keeping it
-        cannot commit onto another owner: a revoke or a loss calls
-        :meth:`forget` (a revoke after one last try), so only partitions this
-        member still owns stay pending.
+        """Send every pending offset not already on its way, asynchronously.
 
         Raises:
-            FatalTransportError: the consumer is fatally broken; no turn can
-                commit again, so the worker must end.
+            FatalTransportError: the consumer is fatally broken (refused now,
+                or an earlier commit's answer said so); no turn can commit
+                again, so the worker must end.
+        """
+        if self._fatal is not None:
+            raise self._fatal
+        offsets = {tp: o for tp, o in self._pending.items() if self._sent.get(tp) != o}
+        if not offsets:
+            return
+        try:
+            self._transport.commit(offsets, asynchronous=True)
+        except FatalTransportError:
+            raise
+        except TransportError as exc:
+            self._warn(exc)
+            return
+        self._sent.update(offsets)
+
+    def answered(self, offsets: Mapping[Partition, int], error: TransportError | None) -> None:
+        """The broker's answer to an asynchronous commit of ``offsets``.
+
+        Confirmed offsets stop being pending. Failed ones stay pending, so
+        the next :meth:`commit` sends them again — also when the broker
+        rejected the commit outright: in a cooperative rebalance a commit
+        sent between its two phases gets ILLEGAL_GENERATION although this
+        member keeps the partition, and dropping the offset would leave it
+        uncommitted until the next record arrives. A partition this member
+        no longer owns was forgotten, so nothing of it is retried.
+        """
+        for tp, offset in offsets.items():
+            if self._sent.get(tp) == offset:
+                del self._sent[tp]
+            if error is None and self._pending.get(tp) == offset:
+                del self._pending[tp]
+        if isinstance(error, FatalTransportError):
+            self._fatal = error
+        elif error is not None:
+            self._warn(error)
+        else:
+            self._last_warning = -_WARN_EVERY
+
+    def commit_now(self) -> None:
+        """Commit every pending offset synchronously (at shutdown); on failure keep them.
+
+        Raises:
+            FatalTransportError: the consumer is fatally broken.
         """
         if not self._pending:
             return
@@ -66,13 +117,9 @@ class Offsets:
         try:
             self._transport.commit(offsets)
         except FatalTransportError:
-            raise  # no later turn can commit with this consumer: the worker ends
+            raise
         except TransportError as exc:
-            now = time.monotonic()
-            if now - self._last_warning >= _WARN_EVERY:
-                self._last_warning = now
-                kind = "failed" if exc.retriable else "rejected by the broker"
-                log.warning("offset commit %s, kept for the next try: %s", kind, exc)
+            self._warn(exc)
             return
         self._last_warning = -_WARN_EVERY
         for tp, offset in offsets.items():
@@ -81,7 +128,7 @@ class Offsets:
                 del self._pending[tp]
 
     def commit_leaving(self, partitions: Iterable[Partition]) -> None:
-        """Commit the pending offsets of ``partitions`` once, as they are revoked."""
+        """Commit the pending offsets of ``partitions`` once, synchronously, as they are revoked."""
         offsets = {tp: self._pending[tp] for tp in partitions if tp in self._pending}
         if not offsets:
             return
@@ -92,3 +139,10 @@ class Offsets:
             # commit onto the next owner. It re-reads from the last committed
             # offset and the inbox suppresses the repeats.
             log.warning("offset commit on revoke dropped: %s", exc)
+
+    def _warn(self, exc: TransportError) -> None:
+        now = time.monotonic()
+        if now - self._last_warning >= _WARN_EVERY:
+            self._last_warning = now
+            kind = "failed" if exc.retriable else "rejected by the broker"
+            log.warning("offset commit %s, kept for the next try: %s", kind, exc)

@@ -3,6 +3,8 @@
 :class:`FakeStore` stands in for the PostgreSQL inbox store,
 :class:`FakeTransport` for the Kafka consumer and :class:`FakePublisher` for
 the dead-letter producer; :func:`record` builds a record carrying an event id.
+:class:`InlineExecutor` makes the runner apply each batch on the polling
+thread, so a test can step it turn by turn.
 Each has knobs that make it fail the way the real one does (see their
 docstrings), and one contract suite (``tests/contract``) checks that they
 behave like the real implementations. Importing this package loads no Kafka
@@ -10,6 +12,7 @@ client (the fake store uses psycopg's exception classes, to classify the
 errors a handler raises exactly as the real store does).
 """
 
+from kinbox.testing.executor import InlineExecutor
 from kinbox.testing.publisher import FakePublisher
 from kinbox.testing.store import FakeConn, FakeStore, FakeTransaction, postgres_accepts
 from kinbox.testing.transport import FakeTransport, record
@@ -20,6 +23,7 @@ __all__ = [
     "FakeStore",
     "FakeTransaction",
     "FakeTransport",
+    "InlineExecutor",
     "postgres_accepts",
     "record",
 ]

@@ -12,6 +12,7 @@ suite (``tests/contract``) runs the same tests over it and the real store.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
@@ -196,6 +197,10 @@ class FakeStore:
     Like PostgreSQL through psycopg, a transaction left aborted (a handler
     swallowed a refused statement, see :meth:`FakeConn.fail`) "commits" by
     rolling back, without an error.
+
+    Transactions opened from several threads (the runner applies partitions
+    side by side) run one at a time: a second one waits for the first to end,
+    as if the store had one connection.
     """
 
     def __init__(self) -> None:
@@ -223,6 +228,7 @@ class FakeStore:
         """COMMITs (or deferred checks) refused by ``refuse_commit``."""
         self.transactions = 0
         """Transactions opened."""
+        self._one_at_a_time = threading.RLock()
 
     def check_deferred(self, mark: int) -> None:
         """Run ``refuse_commit`` on the effects written since ``mark``.
@@ -237,6 +243,10 @@ class FakeStore:
     @contextmanager
     def transaction(self) -> Iterator[FakeTransaction]:
         """See :meth:`~kinbox.store.base.InboxStore.transaction`; the knobs apply."""
+        with self._one_at_a_time:
+            yield from self._transaction()
+
+    def _transaction(self) -> Iterator[FakeTransaction]:
         self.transactions += 1
         saved = dict(self.claimed), dict(self.status), dict(self.reasons), len(self.effects)
         tx = FakeTransaction(self, saved[3])

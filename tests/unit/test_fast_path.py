@@ -11,7 +11,7 @@ from kinbox.config import Settings
 from kinbox.consume.runner import Runner
 from kinbox.errors import DeadLetter
 from kinbox.event import Event
-from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +34,7 @@ class Harness:
         self.now = 0.0
         self.runner = Runner(
             app, config, self.transport, self.store, clock=lambda: self.now,
-            publisher=self.publisher,
+            publisher=self.publisher, executor=InlineExecutor(),
         )  # fmt: skip
 
     def run(self, ids: list[str], turns: int = 1) -> None:
