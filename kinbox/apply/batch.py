@@ -8,7 +8,10 @@
             ─► BEGIN
                claim ids: one INSERT … ON CONFLICT DO NOTHING RETURNING  (duplicates drop out)
                run the handler over the fresh events, in offset order
-                   (optimistically, without savepoints: see :mod:`kinbox.apply.dispatch`);
+                   (optimistically, without savepoints, a per-event handler's
+                   statements pipelined: see :mod:`kinbox.apply.dispatch`);
+                   if anything fails under the pipeline, the batch is redone
+                   without it, which blames the right event;
                    on a permanent failure the batch is redone with a
                    savepoint per event, the failed one dead-lettered
                record the dead letters in processed_events (status, reason)
@@ -213,7 +216,9 @@ class BatchProcessor:
                                 route, records, event, deadletter.INVALID_ID, error
                             )
                         )
-                letters += self._dispatcher.run(tx, route, records, runnable, plan.verdicts)
+                letters += self._dispatcher.run(
+                    tx, route, records, runnable, plan.verdicts, pipelined=plan.pipelined
+                )
                 if letters:
                     letters.sort(key=lambda item: item.record.offset)
                     self._record(tx, fresh, letters, plan)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kinbox.apply.outcome import Abandoned, HandlerFailed, Verdict
+from kinbox.apply.outcome import Abandoned, HandlerFailed, Unpipelined, Verdict
 from kinbox.apply.route import Calls, HandlerKind
 from kinbox.event import Event
 
@@ -31,6 +31,14 @@ class EachEvent:
     so a fresh event costs only its handler's own statements; the careful
     pass gives each its own savepoint, so a permanent failure is
     dead-lettered without undoing the others.
+
+    The optimistic pass runs pipelined when allowed: the handlers' statements
+    go out without a round trip each. A database error there is not blamed on
+    the event that saw it (the statement that failed may be an earlier
+    event's): the pass raises :class:`Unpipelined`, and the batch is redone
+    with the plain optimistic pass, which blames the right event. A handler's
+    own exception, raised while every statement so far has succeeded, is
+    judged at once, as on the plain pass.
     """
 
     name = "event"
@@ -38,8 +46,13 @@ class EachEvent:
     def __init__(self, fn: Callable[[Event, Any], object]) -> None:
         self._fn = fn
 
-    def run(self, calls: Calls, events: list[Event], *, careful: bool) -> None:
+    def run(
+        self, calls: Calls, events: list[Event], *, careful: bool, pipelined: bool = False
+    ) -> None:
         """See :meth:`HandlerKind.run`."""
+        if pipelined and not careful and events:
+            self._pipelined(calls, events)
+            return
         for event in events:
             if careful:
                 self._careful(calls, event)
@@ -50,15 +63,42 @@ class EachEvent:
         connection = calls.tx.connection
         calls.around_event(event, lambda e: self._fn(e, connection))
 
+    def _pipelined(self, calls: Calls, events: list[Event]) -> None:
+        own: tuple[Event, Exception] | None = None
+        try:
+            with calls.tx.pipelined() as settle:
+                for event in events:
+                    try:
+                        with calls.tx.unguarded():
+                            self._call(calls, event)
+                    except Exception as exc:
+                        if not settle():
+                            raise  # some statement failed, maybe an earlier event's
+                        # Every statement so far succeeded: the handler's own
+                        # exception, judged as on the plain pass.
+                        own = (event, exc)
+                        break
+        except Exception as exc:
+            outage = calls.tx.outage(exc)
+            if outage is not None:
+                raise outage from exc  # the batch waits: nothing to redo now
+            raise Unpipelined(exc) from exc
+        if own is not None:
+            self._judge(calls, *own)
+
     def _optimistic(self, calls: Calls, event: Event) -> None:
         try:
             with calls.tx.unguarded():
                 self._call(calls, event)
         except Exception as exc:
-            reason = calls.permanent(exc, event.attempt)
-            if reason is None:
-                raise HandlerFailed(event, exc) from exc
-            raise Abandoned(event, Verdict(reason, exc)) from exc
+            self._judge(calls, event, exc)
+
+    def _judge(self, calls: Calls, event: Event, exc: Exception) -> None:
+        """Stop the optimistic pass at ``event``, which raised ``exc``."""
+        reason = calls.permanent(exc, event.attempt)
+        if reason is None:
+            raise HandlerFailed(event, exc) from exc
+        raise Abandoned(event, Verdict(reason, exc)) from exc
 
     def _careful(self, calls: Calls, event: Event) -> None:
         try:
@@ -85,8 +125,10 @@ class WholeBatch:
     def __init__(self, fn: Callable[[list[Event], Any], object]) -> None:
         self._fn = fn
 
-    def run(self, calls: Calls, events: list[Event], *, careful: bool) -> None:
-        """See :meth:`HandlerKind.run`."""
+    def run(
+        self, calls: Calls, events: list[Event], *, careful: bool, pipelined: bool = False
+    ) -> None:
+        """See :meth:`HandlerKind.run` (one call needs no pipeline: ``pipelined`` is ignored)."""
         if not events:
             return
         # Only the first event can be on a later try: a failure stops the

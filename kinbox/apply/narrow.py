@@ -50,7 +50,14 @@ from typing import Literal
 
 from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
-from kinbox.apply.outcome import Abandoned, BatchResult, Failure, HandlerFailed, Verdict
+from kinbox.apply.outcome import (
+    Abandoned,
+    BatchResult,
+    Failure,
+    HandlerFailed,
+    Unpipelined,
+    Verdict,
+)
 from kinbox.consume.envelope import Record, derived_event, derived_id, unstorable_id
 from kinbox.errors import EnvelopeError, StoreError, TransportError
 from kinbox.event import Event
@@ -81,6 +88,8 @@ class Plan:
     """Events given up, by offset: dead-lettered without their handler running."""
     bare: set[int] = field(default_factory=set)
     """Offsets whose dead-letter reason is recorded as the bare reason code."""
+    pipelined: bool = True
+    """Whether the optimistic pass may run pipelined: until a pipelined pass failed."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,8 @@ Apply = Callable[[list[Event], Plan], Tally]
 """Applies some consecutive events of the batch in one transaction, following the plan.
 
 Raises :class:`Refused`, :class:`~kinbox.apply.dispatch.HandlerFailed`,
-:class:`~kinbox.apply.dispatch.Abandoned`, or :class:`~kinbox.errors.StoreError` /
+:class:`~kinbox.apply.dispatch.Abandoned`, :class:`~kinbox.apply.outcome.Unpipelined`,
+or :class:`~kinbox.errors.StoreError` /
 :class:`~kinbox.errors.TransportError` for what must wait.
 """
 
@@ -144,6 +154,9 @@ class Settlement:
             part = self._events[self._start : end]
             try:
                 tally = apply(part, self._plan)
+            except Unpipelined:
+                self._plan.pipelined = False  # the same part again, one statement at a time
+                continue
             except Abandoned as exc:
                 self._plan.verdicts[exc.event.offset] = exc.verdict
                 continue

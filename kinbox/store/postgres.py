@@ -12,7 +12,7 @@ non-ASCII character escaped when the database's encoding is not UTF8.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -200,11 +200,31 @@ class _PostgresTransaction:
         # and take the blame.
         self._raise_if_aborted()
 
+    @contextmanager
+    def pipelined(self) -> Iterator[Callable[[], bool]]:
+        try:
+            with self._conn.pipeline() as pipeline:
+
+                def settle() -> bool:
+                    try:
+                        pipeline.sync()
+                    except psycopg.Error:
+                        return False
+                    return not self._aborted()
+
+                yield settle
+        except psycopg.Error as exc:
+            raise translate(exc, own=False) from exc
+        self._raise_if_aborted()
+
     def _raise_if_aborted(self) -> None:
         """Blame the handler that returned normally but left the transaction aborted."""
-        # libpq tracks the status locally: no round trip.
-        if self._conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        if self._aborted():
             raise left_aborted()
+
+    def _aborted(self) -> bool:
+        # libpq tracks the status locally: no round trip.
+        return self._conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
 
     def outage(self, exc: BaseException) -> StoreError | None:
         return transient_cause(exc)

@@ -157,6 +157,17 @@ class FakeTransaction:
         if self.connection.aborted:
             raise left_aborted()
 
+    @contextmanager
+    def pipelined(self) -> Iterator[Callable[[], bool]]:
+        """See :meth:`~kinbox.store.base.InboxTransaction.pipelined`.
+
+        Statements here run at once, so errors are raised where they happen;
+        :attr:`FakeStore.pipelined` counts the blocks.
+        """
+        self._store.pipelined += 1
+        with self.unguarded():
+            yield lambda: not self.connection.aborted
+
     def outage(self, exc: BaseException) -> StoreError | None:
         """See :meth:`~kinbox.store.base.InboxTransaction.outage` (the real store's rule)."""
         return transient_cause(exc)
@@ -177,7 +188,7 @@ class FakeStore:
     ``processed_events`` rows), :attr:`claimed`, :attr:`effects` (what
     handlers appended to ``tx.effects``, committed ones only once the
     transaction is over), and counters (:attr:`transactions`, :attr:`commits`,
-    :attr:`savepoints`, :attr:`claims`, :attr:`refused_commits`).
+    :attr:`savepoints`, :attr:`pipelined`, :attr:`claims`, :attr:`refused_commits`).
 
     Knobs, to fail the way PostgreSQL does:
 
@@ -216,6 +227,8 @@ class FakeStore:
         """Transactions committed."""
         self.savepoints = 0
         """Savepoints opened."""
+        self.pipelined = 0
+        """Pipelined blocks run (an optimistic pass of a per-event handler)."""
         self.fail_claims = 0
         self.lose_after_commit = 0
         self.closed = False

@@ -13,7 +13,7 @@ at-least-once: a duplicate is applied again, and the check counts it.
 from __future__ import annotations
 
 import signal
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 from typing import Any
@@ -110,6 +110,9 @@ class _NoClaim:
 
     def unguarded(self) -> AbstractContextManager[None]:
         return self._inner.unguarded()
+
+    def pipelined(self) -> AbstractContextManager[Callable[[], bool]]:
+        return self._inner.pipelined()
 
     def outage(self, exc: BaseException) -> StoreError | None:
         return self._inner.outage(exc)
