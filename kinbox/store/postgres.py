@@ -25,6 +25,7 @@ from kinbox.errors import SchemaError, StoreError
 from kinbox.event import Event
 from kinbox.names import sql_identifier
 from kinbox.store import migrations
+from kinbox.store.arrays import int_array, text_array
 from kinbox.store.base import InboxTransaction, first_occurrences
 from kinbox.store.errors import left_aborted, transient_cause, translate
 from kinbox.store.schema import INBOX
@@ -60,16 +61,20 @@ class PostgresInboxStore:
         # conflict, so two members that briefly own the same partition during
         # a rebalance still apply the event once. Never SELECT-then-INSERT:
         # that races.
+        #
+        # One partition's events at a time: topic and partition are plain
+        # parameters, the ids and offsets two array literals (see
+        # kinbox.store.arrays). The statements are rendered to bytes once,
+        # so psycopg converts each only once.
         insert = (
             "INSERT INTO {}.processed_events"
             ' (consumer, event_id, status, topic, partition, "offset")'
-            " SELECT %s, c.event_id, 'applied', c.topic, c.partition, c.off"
-            " FROM unnest(%s::text[], %s::text[], %s::int[], %s::bigint[])"
-            " AS c(event_id, topic, partition, off)"
+            " SELECT %s, c.event_id, 'applied', %s, %s, c.off"
+            " FROM unnest(%s::text[], %s::bigint[]) AS c(event_id, off)"
             " ON CONFLICT (consumer, event_id) "
         )
         table = sql.Identifier(self._schema)
-        self._claim = sql.SQL(insert + "DO NOTHING RETURNING event_id").format(table)
+        self._claim = sql.SQL(insert + "DO NOTHING RETURNING event_id").format(table).as_bytes()
         # The same claim for replayed records, except that a dead-lettered row
         # may be taken over: the row lock the UPDATE takes serialises two
         # deliveries of the replay exactly like the INSERT does, and an
@@ -80,12 +85,12 @@ class PostgresInboxStore:
             " processed_at = now(), reason = NULL"
             " WHERE processed_events.status = 'dead_lettered'"
             " RETURNING event_id"
-        ).format(table)
+        ).format(table).as_bytes()
         # Runs only on a row this transaction just claimed, so it always finds it.
         self._dead_letter = sql.SQL(
             "UPDATE {}.processed_events SET status = 'dead_lettered', reason = %s"
             " WHERE consumer = %s AND event_id = %s"
-        ).format(table)
+        ).format(table).as_bytes()
 
     def open(self, timeout: float = 30.0) -> None:
         """Open the pool and check that ``kinbox migrate`` has run.
@@ -142,23 +147,24 @@ class _PostgresTransaction:
                 fresh.update(self._run_claim(statement, group))
         return [e for e in unique if e.id in fresh]
 
-    def _run_claim(self, statement: sql.Composed, events: Sequence[Event]) -> set[str]:
-        params = (
-            self._consumer,
-            [e.id for e in events],
-            [e.topic for e in events],
-            [e.partition for e in events],
-            [e.offset for e in events],
-        )
-        try:
-            rows = self._conn.execute(statement, params).fetchall()
-        except psycopg.Error as exc:
-            raise translate(exc) from exc
-        except ValueError as exc:
-            # psycopg encodes parameters before sending: an id the client
-            # encoding has no code for fails here, as a UnicodeEncodeError.
-            raise StoreError(describe(exc), transient=False) from exc
-        return {row[0] for row in rows}
+    def _run_claim(self, statement: bytes, events: Sequence[Event]) -> set[str]:
+        partitions: dict[tuple[str, int], list[Event]] = {}
+        for event in events:
+            partitions.setdefault((event.topic, event.partition), []).append(event)
+        fresh: set[str] = set()
+        for (topic, partition), group in partitions.items():
+            ids = text_array([e.id for e in group])
+            params = (self._consumer, topic, partition, ids, int_array(e.offset for e in group))
+            try:
+                rows = self._conn.execute(statement, params).fetchall()
+            except psycopg.Error as exc:
+                raise translate(exc) from exc
+            except ValueError as exc:
+                # psycopg encodes parameters before sending: an id the client
+                # encoding has no code for fails here, as a UnicodeEncodeError.
+                raise StoreError(describe(exc), transient=False) from exc
+            fresh.update(row[0] for row in rows)
+        return fresh
 
     def dead_letter(self, event: Event, reason: str) -> None:
         text = storable(reason, self._conn.info.parameter_status("server_encoding"))
