@@ -3,11 +3,18 @@
 A partition has at most one batch in flight (:mod:`kinbox.consume.inflight`),
 so what it delivers meanwhile waits here, and becomes its next batch the
 moment the one in flight is settled — already fetched, so the database never
-waits for Kafka. A lane holds at most ``cap`` records: a fuller one is
-*held* (paused), so a partition whose batch is slow neither grows without
-bound nor keeps the other partitions' records from being fetched. Pausing
-drops nothing: the consumer resumes a paused partition after the last record
-it handed over, and those records are all here.
+waits for Kafka.
+
+Two bounds keep what waits small. All lanes together hold about ``budget``
+records: with that many fetched, the runner takes no more (it only polls to
+stay in the group), and librdkafka's own queue, bounded, holds the rest —
+nothing is dropped, nothing fetched twice. And one lane holds at most
+``cap`` records: a fuller one is *held* (paused), so a partition whose batch
+is slow, or which alone has a backlog, neither fills the budget nor keeps
+the other partitions' records from being fetched. Pausing drops nothing we
+hold: the consumer resumes a paused partition after the last record it
+handed over, and those records are all here (what it had fetched beyond
+them it fetches again, which is why a lane is resumed only half empty).
 
 The polling thread owns the lanes; nothing here is touched by batch threads.
 """
@@ -29,11 +36,14 @@ class Lanes:
     Args:
         transport: the consumer, to pause and resume held partitions.
         cap: most records waiting per partition before it is held.
+        budget: records waiting in all lanes together before no more are taken.
     """
 
-    def __init__(self, transport: Transport, cap: int) -> None:
+    def __init__(self, transport: Transport, cap: int, budget: int) -> None:
         self._transport = transport
         self._cap = cap
+        self._budget = budget
+        self._total = 0
         # Insertion order is the order lanes are served in (see take()).
         self._waiting: dict[Partition, list[Record]] = {}
         self.held: set[Partition] = set()
@@ -43,6 +53,7 @@ class Lanes:
         """Queue ``records`` (consecutive, of ``tp``) behind what waits; hold a full lane."""
         lane = self._waiting.setdefault(tp, [])
         lane.extend(records)
+        self._total += len(records)
         if len(lane) >= self._cap and tp not in self.held:
             self._transport.pause([tp])
             self.held.add(tp)
@@ -57,7 +68,13 @@ class Lanes:
         batch, rest = lane[:most], lane[most:]
         if rest:
             self._waiting[tp] = rest
+        self._total -= len(batch)
         return batch
+
+    @property
+    def full(self) -> bool:
+        """Whether enough records wait that no more should be taken for now."""
+        return self._total >= self._budget
 
     def waiting(self, tp: Partition) -> int:
         """How many records of ``tp`` wait."""
@@ -65,11 +82,16 @@ class Lanes:
 
     def drop(self, tp: Partition) -> None:
         """Forget ``tp``'s waiting records (rewound, revoked or lost: they come again)."""
-        self._waiting.pop(tp, None)
+        self._total -= len(self._waiting.pop(tp, ()))
 
     def unhold(self, keep_paused: Collection[Partition] = ()) -> None:
-        """Resume held partitions whose lane has room again, except those in ``keep_paused``."""
-        due = sorted(tp for tp in self.held if self.waiting(tp) < self._cap)
+        """Resume held partitions whose lane is half empty, except those in ``keep_paused``.
+
+        Not sooner: a paused partition drops what the consumer had fetched
+        of it, and resuming costs a fetch, so a lane that holds and resumes
+        at every batch would fetch most records twice.
+        """
+        due = sorted(tp for tp in self.held if self.waiting(tp) <= self._cap // 2)
         if not due:
             return
         self.held.difference_update(due)

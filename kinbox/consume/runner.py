@@ -53,6 +53,9 @@ It wakes at once when a batch ends; the bound only says how soon a record
 that arrives meanwhile is fetched.
 """
 
+FULL_WAIT = 0.05
+"""Seconds between the polls that only keep the member in the group, while enough is fetched."""
+
 
 class Runner:
     """Runs ``app``'s handlers over ``transport`` with ``store`` until :meth:`stop`.
@@ -109,9 +112,11 @@ class Runner:
         self._backoff = Backoff(
             transport, policy or RetryPolicy(settings.retry_initial, settings.retry_max), clock
         )
-        # Two batches' worth may wait per partition: the next batch is always
-        # fetched already when the one in flight ends.
-        self._lanes = Lanes(transport, 2 * settings.batch_max_messages)
+        # Two batches' worth per worker may wait in all: the next batch of
+        # every partition in flight is fetched already when its batch ends.
+        # One partition may take twice that before it is held (see Lanes).
+        most = settings.batch_max_messages
+        self._lanes = Lanes(transport, 4 * most, 2 * most * settings.pool_size)
         self._inflight = InFlight(settings.pool_size, executor)
         # The consumer's own value: -X max.poll.interval.ms wins over the setting.
         self._revoke_wait = min(settings.shutdown_timeout, settings.effective_max_poll_interval / 2)
@@ -227,21 +232,27 @@ class Runner:
         """
         self._backoff.resume_due()
         busy = len(self._inflight) > 0
-        # With batches in flight, a poll must not wait: a batch ending is
-        # what there is to do next, and wait() wakes for it at once.
-        records = self._transport.poll(
-            self._settings.batch_max_messages, 0.0 if busy else self._settings.batch_max_wait
-        )
+        if self._lanes.full and busy:
+            # Enough is fetched: leave the rest in the consumer's own queue
+            # (bounded: it stops fetching when full) and poll only to stay in
+            # the group and hear rebalances, until a batch ends.
+            self._inflight.wait(FULL_WAIT)
+            records = self._transport.poll(1, 0.0)
+        else:
+            # With batches in flight, a poll must not wait: a batch ending is
+            # what there is to do next, and wait() wakes for it at once.
+            wait = 0.0 if busy else self._settings.batch_max_wait
+            records = self._transport.poll(self._settings.batch_max_messages, wait)
+            if not records and busy:
+                self._inflight.wait(BUSY_WAIT)
         if records:
             self._take(records)
-        elif busy:
-            self._inflight.wait(BUSY_WAIT)
         self._progress()
         for tp, seconds in self._inflight.slow():
             log.info(
-                "batch on %s still running after %.1fs: its partition waits (paused once two "
-                "batches of it are fetched); the others go on, and polling goes on to stay "
-                "in the group",
+                "batch on %s still running after %.1fs: its partition waits (paused once "
+                "four batches of it are fetched); the others go on, and polling goes on to "
+                "stay in the group",
                 tp,
                 max(seconds, HOLD_AFTER),
             )

@@ -56,6 +56,10 @@ PREFETCH: dict[str, int] = {
     # How long the broker holds a fetch that has nothing to return: a
     # partition resumed meanwhile waits for it (librdkafka's default: 500).
     "fetch.wait.max.ms": 100,
+    # One partition's share of a fetch (librdkafka's default: 1 MiB): the
+    # queue interleaves partitions finely, so a partition held for a full
+    # lane drops little of what was fetched for it.
+    "max.partition.fetch.bytes": 256 * 1024,
 }
 """kinbox's prefetch limits for the consumer (librdkafka's own defaults are larger)."""
 
