@@ -27,6 +27,7 @@ from kinbox.names import sql_identifier
 from kinbox.store import migrations
 from kinbox.store.arrays import int_array, text_array
 from kinbox.store.base import InboxTransaction, first_occurrences
+from kinbox.store.checkout import Checkout
 from kinbox.store.errors import left_aborted, transient_cause, translate
 from kinbox.store.schema import INBOX
 
@@ -38,21 +39,24 @@ class PostgresInboxStore:
         conninfo: a libpq URL or ``key=value`` string.
         schema: where ``processed_events`` lives (validated identifier).
         consumer: the dedup scope, the Kafka consumer group id.
-        pool_size: most connections held (the runner uses one at a time).
+        pool_size: connections held: the runner applies that many partition
+            batches at once, each on its own connection.
     """
 
     def __init__(self, conninfo: str, *, schema: str, consumer: str, pool_size: int = 2) -> None:
         self._schema = sql_identifier(schema, setting="schema")
         self._consumer = consumer
-        # check_connection costs one round trip per checkout but turns a
-        # connection killed by a server restart into a fresh one instead of a
-        # failed batch.
+        # The check turns a connection killed by a server restart into a
+        # fresh one instead of a failed batch, mostly without a round trip
+        # (kinbox.store.checkout). All connections are opened at once: the
+        # runner uses them side by side from its first batches on.
+        self._checkout = Checkout()
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             conninfo,
-            min_size=1,
+            min_size=max(1, pool_size),
             max_size=max(1, pool_size),
             open=False,
-            check=ConnectionPool.check_connection,
+            check=self._checkout.check,
             name="kinbox-inbox",
         )
         # One statement decides which events are fresh. The primary key
@@ -79,18 +83,26 @@ class PostgresInboxStore:
         # may be taken over: the row lock the UPDATE takes serialises two
         # deliveries of the replay exactly like the INSERT does, and an
         # applied row never matches the WHERE, so a replay applies at most once.
-        self._reclaim = sql.SQL(
-            insert + "DO UPDATE SET status = 'applied',"
-            ' topic = EXCLUDED.topic, partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
-            " processed_at = now(), reason = NULL"
-            " WHERE processed_events.status = 'dead_lettered'"
-            " RETURNING event_id"
-        ).format(table).as_bytes()
+        self._reclaim = (
+            sql.SQL(
+                insert + "DO UPDATE SET status = 'applied',"
+                ' topic = EXCLUDED.topic, partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
+                " processed_at = now(), reason = NULL"
+                " WHERE processed_events.status = 'dead_lettered'"
+                " RETURNING event_id"
+            )
+            .format(table)
+            .as_bytes()
+        )
         # Runs only on a row this transaction just claimed, so it always finds it.
-        self._dead_letter = sql.SQL(
-            "UPDATE {}.processed_events SET status = 'dead_lettered', reason = %s"
-            " WHERE consumer = %s AND event_id = %s"
-        ).format(table).as_bytes()
+        self._dead_letter = (
+            sql.SQL(
+                "UPDATE {}.processed_events SET status = 'dead_lettered', reason = %s"
+                " WHERE consumer = %s AND event_id = %s"
+            )
+            .format(table)
+            .as_bytes()
+        )
 
     def open(self, timeout: float = 30.0) -> None:
         """Open the pool and check that ``kinbox migrate`` has run.
@@ -103,6 +115,7 @@ class PostgresInboxStore:
             self._pool.open(wait=True, timeout=timeout)
             with self._pool.connection() as conn:
                 migrations.check(conn, self._schema, INBOX)
+                self._checkout.given_back(conn)
         except SchemaError:
             raise
         except (psycopg.Error, TimeoutError) as exc:  # PoolTimeout is an OperationalError
@@ -112,8 +125,12 @@ class PostgresInboxStore:
     def transaction(self) -> Iterator[InboxTransaction]:
         """See :meth:`InboxStore.transaction`."""
         try:
-            with self._pool.connection() as conn, conn.transaction():
-                yield _PostgresTransaction(conn, self._consumer, self)
+            with self._pool.connection() as conn:
+                try:
+                    with conn.transaction():
+                        yield _PostgresTransaction(conn, self._consumer, self)
+                finally:
+                    self._checkout.given_back(conn)
         except psycopg.Error as exc:
             # What gets here untranslated comes from taking a connection,
             # BEGIN, COMMIT or ROLLBACK: COMMIT runs the handlers' deferred
