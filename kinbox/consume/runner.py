@@ -250,9 +250,9 @@ class Runner:
         self._progress()
         for tp, seconds in self._inflight.slow():
             log.info(
-                "batch on %s still running after %.1fs: its partition waits (paused once "
-                "four batches of it are fetched); the others go on, and polling goes on to "
-                "stay in the group",
+                "batch on %s still running after %.1fs: pausing its partition once four "
+                "batches of it are fetched; the other partitions go on, and polling goes on "
+                "to stay in the group",
                 tp,
                 max(seconds, HOLD_AFTER),
             )
