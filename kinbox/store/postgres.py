@@ -83,17 +83,14 @@ class PostgresInboxStore:
         # may be taken over: the row lock the UPDATE takes serialises two
         # deliveries of the replay exactly like the INSERT does, and an
         # applied row never matches the WHERE, so a replay applies at most once.
-        self._reclaim = (
-            sql.SQL(
-                insert + "DO UPDATE SET status = 'applied',"
-                ' topic = EXCLUDED.topic, partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
-                " processed_at = now(), reason = NULL"
-                " WHERE processed_events.status = 'dead_lettered'"
-                " RETURNING event_id"
-            )
-            .format(table)
-            .as_bytes()
+        reclaim = (
+            insert + "DO UPDATE SET status = 'applied', topic = EXCLUDED.topic,"
+            ' partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
+            " processed_at = now(), reason = NULL"
+            " WHERE processed_events.status = 'dead_lettered'"
+            " RETURNING event_id"
         )
+        self._reclaim = sql.SQL(reclaim).format(table).as_bytes()
         # Runs only on a row this transaction just claimed, so it always finds it.
         self._dead_letter = (
             sql.SQL(
