@@ -14,10 +14,9 @@ span or a context opened in one is always closed in the other.
     (batches of different partitions run on different threads at the same
     time, so a layer that keeps state shares it between them; two batches
     of one partition never overlap, and a batch's hooks all run on its
-    thread). An
-    exception here propagates: the batch is not applied, nothing is committed
-    past it, and the worker stops, loudly — a broken layer must not let events
-    through unobserved. The layers whose ``before_batch`` ran still get their
+    thread). An exception here propagates: the batch is not applied, nothing
+    is committed past it, and the worker stops, loudly — a broken layer must
+    not let events through unobserved. The layers whose ``before_batch`` ran still get their
     ``after_batch``, with the error.
 ``around_event`` / ``around_events``
     around each call of a per-event handler (one event) or a batch handler
