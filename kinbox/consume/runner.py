@@ -46,7 +46,7 @@ from kinbox.store.base import InboxStore
 
 log = logging.getLogger(__name__)
 
-BUSY_WAIT = 0.005
+BUSY_WAIT = 0.002
 """Seconds the loop sleeps, with batches in flight and nothing fetched, before polling again.
 
 It wakes at once when a batch ends; the bound only says how soon a record

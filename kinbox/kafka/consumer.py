@@ -254,15 +254,16 @@ def to_record(msg: Message) -> Record:
     """
     ts_type, ts = msg.timestamp()
     headers, headers_error = _headers(msg)
+    # Positional: this runs for every record consumed.
     return Record(
-        topic=cast(str, msg.topic()),
-        partition=cast(int, msg.partition()),
-        offset=cast(int, msg.offset()),
-        key=msg.key(),
-        value=msg.value(),
-        headers=headers,
-        timestamp=None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
-        headers_error=headers_error,
+        cast(str, msg.topic()),
+        cast(int, msg.partition()),
+        cast(int, msg.offset()),
+        msg.key(),
+        msg.value(),
+        headers,
+        None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
+        headers_error,
     )
 
 
