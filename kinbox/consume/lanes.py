@@ -5,16 +5,17 @@ so what it delivers meanwhile waits here, and becomes its next batch the
 moment the one in flight is settled — already fetched, so the database never
 waits for Kafka.
 
-Two bounds keep what waits small. All lanes together hold about ``budget``
-records: with that many fetched, the runner takes no more (it only polls to
-stay in the group), and librdkafka's own queue, bounded, holds the rest —
-nothing is dropped, nothing fetched twice. And one lane holds at most
-``cap`` records: a fuller one is *held* (paused), so a partition whose batch
-is slow, or which alone has a backlog, neither fills the budget nor keeps
-the other partitions' records from being fetched. Pausing drops nothing we
-hold: the consumer resumes a paused partition after the last record it
-handed over, and those records are all here (what it had fetched beyond
-them it fetches again, which is why a lane is resumed only half empty).
+A lane holds at most :attr:`Lanes.cap` records: a fuller one is *held*
+(paused), so a partition whose batch is slow, or which alone has a backlog,
+neither grows without bound nor keeps the other partitions' records from
+being fetched (the consumer hands records over in the order it fetched
+them, all partitions in one queue: only pausing one lets the others' come
+first). The cap is four batches, less when many partitions are assigned —
+all lanes together stay within a budget — but never less than one batch.
+Pausing drops nothing held here: the consumer resumes a paused partition
+after the last record it handed over, and those records are all here. What
+it had fetched beyond them it fetches again, which is why a lane is resumed
+only half empty.
 
 The polling thread owns the lanes; nothing here is touched by batch threads.
 """
@@ -35,15 +36,17 @@ class Lanes:
 
     Args:
         transport: the consumer, to pause and resume held partitions.
-        cap: most records waiting per partition before it is held.
-        budget: records waiting in all lanes together before no more are taken.
+        batch: records per batch.
+        budget: records waiting in all lanes together, at most (roughly:
+            each lane may take a poll's worth beyond its cap).
     """
 
-    def __init__(self, transport: Transport, cap: int, budget: int) -> None:
+    def __init__(self, transport: Transport, batch: int, budget: int) -> None:
         self._transport = transport
-        self._cap = cap
+        self._batch = batch
         self._budget = budget
-        self._total = 0
+        self.cap = 4 * batch
+        """Most records waiting in one lane before its partition is held."""
         # Insertion order is the order lanes are served in (see take()).
         self._waiting: dict[Partition, list[Record]] = {}
         self.held: set[Partition] = set()
@@ -53,8 +56,7 @@ class Lanes:
         """Queue ``records`` (consecutive, of ``tp``) behind what waits; hold a full lane."""
         lane = self._waiting.setdefault(tp, [])
         lane.extend(records)
-        self._total += len(records)
-        if len(lane) >= self._cap and tp not in self.held:
+        if len(lane) >= self.cap and tp not in self.held:
             self._transport.pause([tp])
             self.held.add(tp)
 
@@ -68,13 +70,11 @@ class Lanes:
         batch, rest = lane[:most], lane[most:]
         if rest:
             self._waiting[tp] = rest
-        self._total -= len(batch)
         return batch
 
-    @property
-    def full(self) -> bool:
-        """Whether enough records wait that no more should be taken for now."""
-        return self._total >= self._budget
+    def share(self, partitions: int) -> None:
+        """Size the lanes for ``partitions`` assigned: the budget shared, 1-4 batches each."""
+        self.cap = max(self._batch, min(4 * self._batch, self._budget // max(1, partitions)))
 
     def waiting(self, tp: Partition) -> int:
         """How many records of ``tp`` wait."""
@@ -82,7 +82,7 @@ class Lanes:
 
     def drop(self, tp: Partition) -> None:
         """Forget ``tp``'s waiting records (rewound, revoked or lost: they come again)."""
-        self._total -= len(self._waiting.pop(tp, ()))
+        self._waiting.pop(tp, None)
 
     def unhold(self, keep_paused: Collection[Partition] = ()) -> None:
         """Resume held partitions whose lane is half empty, except those in ``keep_paused``.
@@ -91,7 +91,7 @@ class Lanes:
         of it, and resuming costs a fetch, so a lane that holds and resumes
         at every batch would fetch most records twice.
         """
-        due = sorted(tp for tp in self.held if self.waiting(tp) <= self._cap // 2)
+        due = sorted(tp for tp in self.held if self.waiting(tp) <= self.cap // 2)
         if not due:
             return
         self.held.difference_update(due)

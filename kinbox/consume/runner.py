@@ -53,9 +53,6 @@ It wakes at once when a batch ends; the bound only says how soon a record
 that arrives meanwhile is fetched.
 """
 
-FULL_WAIT = 0.05
-"""Seconds between the polls that only keep the member in the group, while enough is fetched."""
-
 
 class Runner:
     """Runs ``app``'s handlers over ``transport`` with ``store`` until :meth:`stop`.
@@ -112,11 +109,10 @@ class Runner:
         self._backoff = Backoff(
             transport, policy or RetryPolicy(settings.retry_initial, settings.retry_max), clock
         )
-        # Two batches' worth per worker may wait in all: the next batch of
-        # every partition in flight is fetched already when its batch ends.
-        # One partition may take twice that before it is held (see Lanes).
+        # Up to four batches wait per partition, sixteen in all: the next
+        # batch of every partition is fetched already when its batch ends.
         most = settings.batch_max_messages
-        self._lanes = Lanes(transport, 4 * most, 2 * most * settings.pool_size)
+        self._lanes = Lanes(transport, most, 16 * most)
         self._inflight = InFlight(settings.pool_size, executor)
         # The consumer's own value: -X max.poll.interval.ms wins over the setting.
         self._revoke_wait = min(settings.shutdown_timeout, settings.effective_max_poll_interval / 2)
@@ -232,29 +228,23 @@ class Runner:
         """
         self._backoff.resume_due()
         busy = len(self._inflight) > 0
-        if self._lanes.full and busy:
-            # Enough is fetched: leave the rest in the consumer's own queue
-            # (bounded: it stops fetching when full) and poll only to stay in
-            # the group and hear rebalances, until a batch ends.
-            self._inflight.wait(FULL_WAIT)
-            records = self._transport.poll(1, 0.0)
-        else:
-            # With batches in flight, a poll must not wait: a batch ending is
-            # what there is to do next, and wait() wakes for it at once.
-            wait = 0.0 if busy else self._settings.batch_max_wait
-            records = self._transport.poll(self._settings.batch_max_messages, wait)
-            if not records and busy:
-                self._inflight.wait(BUSY_WAIT)
+        # With batches in flight, a poll must not wait: a batch ending is
+        # what there is to do next, and wait() wakes for it at once.
+        wait = 0.0 if busy else self._settings.batch_max_wait
+        records = self._transport.poll(self._settings.batch_max_messages, wait)
         if records:
             self._take(records)
+        elif busy:
+            self._inflight.wait(BUSY_WAIT)
         self._progress()
         for tp, seconds in self._inflight.slow():
             log.info(
-                "batch on %s still running after %.1fs: pausing its partition once four "
-                "batches of it are fetched; the other partitions go on, and polling goes on "
+                "batch on %s still running after %.1fs: pausing its partition once %d more "
+                "records of it are fetched; the other partitions go on, and polling goes on "
                 "to stay in the group",
                 tp,
                 max(seconds, HOLD_AFTER),
+                self._lanes.cap,
             )
         self._offsets.commit()
 
@@ -266,6 +256,7 @@ class Runner:
         for tp in partitions:
             self._forget(tp)
             self._assigned.add(tp)
+        self._lanes.share(len(self._assigned))
 
     def on_revoked(self, partitions: list[Partition]) -> None:
         """Commit what the database has committed for ``partitions`` before they go.
@@ -310,6 +301,7 @@ class Runner:
                 log.debug("resume on release failed: %s", exc)
         for tp in partitions:
             self._forget(tp)
+        self._lanes.share(len(self._assigned))
 
     def _forget(self, tp: Partition) -> None:
         self._assigned.discard(tp)
