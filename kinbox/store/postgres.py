@@ -31,6 +31,8 @@ from kinbox.store.checkout import Checkout
 from kinbox.store.errors import left_aborted, transient_cause, translate
 from kinbox.store.schema import INBOX
 
+_INERROR = psycopg.pq.TransactionStatus.INERROR
+
 
 class PostgresInboxStore:
     """:class:`InboxStore` on PostgreSQL.
@@ -243,8 +245,9 @@ class _PostgresTransaction:
             raise left_aborted()
 
     def _aborted(self) -> bool:
-        # libpq tracks the status locally: no round trip.
-        return self._conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        # libpq tracks the status locally: no round trip (and through pgconn,
+        # not conn.info, which builds an object per call: this runs per event).
+        return self._conn.pgconn.transaction_status == _INERROR
 
     def outage(self, exc: BaseException) -> StoreError | None:
         return transient_cause(exc)
