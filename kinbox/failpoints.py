@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,6 +93,8 @@ class Failpoints:
     def __init__(self, spec: str | None = None) -> None:
         self._points: dict[str, Failpoint] = {}
         self._passes: Counter[str] = Counter()
+        # A worker passes its points from several batch threads at once.
+        self._counting = threading.Lock()
         self.arm(spec)
 
     def arm(self, spec: str | None) -> None:
@@ -113,8 +116,10 @@ class Failpoints:
         point = self._points.get(name)
         if point is None:
             return
-        self._passes[name] += 1
-        if self._passes[name] != point.nth:
+        with self._counting:
+            self._passes[name] += 1
+            passes = self._passes[name]
+        if passes != point.nth:
             return
         if point.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)

@@ -91,12 +91,16 @@ class InFlight:
             self._ended.wait(timeout)
 
     def finished(self) -> Finished:
-        """The batches that ended since the last call (orphans left out), in start order."""
+        """The batches that ended since the last call, in start order.
+
+        An orphan's result is left out; an orphan that raised is not, so the
+        loop raises its exception as it would any batch's.
+        """
         self._ended.clear()  # before looking: a batch ending now sets it again
         out: Finished = []
         for tp in [tp for tp, batch in self._batches.items() if batch.future.done()]:
             batch = self._batches.pop(tp)
-            if not batch.orphan:
+            if not batch.orphan or batch.future.exception() is not None:
                 out.append((tp, batch.future))
         return out
 
