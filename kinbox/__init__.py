@@ -8,7 +8,7 @@ The layout follows a record through the worker::
     kafka.base ──► consume ──────────► apply ──────────────► store.base
     (seam)         envelope, runner,   route, kinds, batch,   (seam)
     kafka.*        inflight, offsets,  dispatch, narrow,      store.postgres,
-    (confluent-    backoff             deadletter, policy,    errors, schema,
+    (confluent-    backoff, breaker    deadletter, policy,    errors, schema,
      kafka)                            outcome                migrations,
                                                               retention (psycopg)
 
@@ -21,20 +21,27 @@ The layout follows a record through the worker::
 ``failpoints``    crash points for the fault tests, one grammar (shared)
 ``lazy``          names that load on first use, for ``__init__`` files (shared)
 ``describe``      exceptions and values as safe, bounded text
+``validators``    typed payloads validated by pydantic (the ``pydantic`` extra)
+``cause``         which inbox event a handler works for, read by ``enqueue`` (shared)
+``traceparent``   the W3C trace id of a record, stored by the claim
 ``consume/``      the poll loop, up to a partition batch: driver-free
 ``apply/``        one partition batch in one transaction: driver-free
 ``store/``        the inbox store seam and PostgreSQL behind it
 ``kafka/``        the Kafka seam and confluent-kafka behind it
+``params/``       what a handler's parameters get: typed payloads, sessions (driver-free)
 ``middleware/``   layers around workers, batches and handler calls; telemetry
-``ops/``          the worker process: signals, shutdown, ``--processes N``
+``otel/``         OpenTelemetry names, W3C trace context, the SDK from ``OTEL_*`` (shared)
+``ops/``          the worker process: signals, shutdown, ``--processes N``;
+                  health endpoints, status, explain, retention guards, logs
 ``cli/``          the ``kinbox`` command, one module per command group
-``testing/``      fakes of the seams, for users' tests and ours
+``testing/``      the test client, the redelivery check, the pytest plugin, fakes
 ``devstack/``     the local Kafka + PostgreSQL (+ Connect) launcher
 ``bench/``        the benchmark harness behind ``kinbox bench``
 ================  ==============================================================
 
 Only ``kafka/`` imports confluent-kafka, only ``store/`` (and
-``producer_outbox``) psycopg, only ``middleware.telemetry`` OpenTelemetry;
+``producer_outbox``) psycopg, only ``otel/`` and the telemetry middleware
+(and ``producer_outbox``'s trace context) OpenTelemetry;
 ``tests/unit/test_layering.py`` checks that the core loads none of them and
 that no import circle forms.
 
@@ -50,6 +57,7 @@ from kinbox.lazy import exports as _exports
 if TYPE_CHECKING:
     from kinbox.app import App, default_app, handler
     from kinbox.apply.route import Route
+    from kinbox.cause import caused_by
     from kinbox.config import Settings
     from kinbox.consume.envelope import Record
     from kinbox.errors import (
@@ -57,12 +65,14 @@ if TYPE_CHECKING:
         DeadLetter,
         EnvelopeError,
         FatalTransportError,
+        InvalidPayload,
         KinboxError,
         PayloadError,
         Retry,
         SchemaError,
         ServiceError,
         StoreError,
+        TransactionControlError,
         TransportError,
     )
     from kinbox.event import Event
@@ -75,6 +85,7 @@ __all__ = [
     "EnvelopeError",
     "Event",
     "FatalTransportError",
+    "InvalidPayload",
     "KinboxError",
     "Middleware",
     "PayloadError",
@@ -85,7 +96,9 @@ __all__ = [
     "ServiceError",
     "Settings",
     "StoreError",
+    "TransactionControlError",
     "TransportError",
+    "caused_by",
     "default_app",
     "handler",
 ]
@@ -98,6 +111,7 @@ _SOURCES = {
     "EnvelopeError": "kinbox.errors",
     "Event": "kinbox.event",
     "FatalTransportError": "kinbox.errors",
+    "InvalidPayload": "kinbox.errors",
     "KinboxError": "kinbox.errors",
     "Middleware": "kinbox.middleware.base",
     "PayloadError": "kinbox.errors",
@@ -108,7 +122,9 @@ _SOURCES = {
     "ServiceError": "kinbox.errors",
     "Settings": "kinbox.config",
     "StoreError": "kinbox.errors",
+    "TransactionControlError": "kinbox.errors",
     "TransportError": "kinbox.errors",
+    "caused_by": "kinbox.cause",
     "default_app": "kinbox.app",
     "handler": "kinbox.app",
 }

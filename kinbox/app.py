@@ -18,8 +18,12 @@ from kinbox.config import Settings
 from kinbox.errors import ConfigurationError
 from kinbox.middleware.base import Middleware
 from kinbox.names import topic_name
+from kinbox.params.wrap import prepare
 
 F = TypeVar("F", bound=Callable[..., object])
+
+Deserializer = Callable[..., object]
+"""A ``value_deserializer``: ``bytes -> object``, or a confluent-kafka ``Deserializer``."""
 
 _SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(Settings))
 
@@ -44,6 +48,9 @@ class App:
         middleware: the layers around every partition batch, in order (see
             :mod:`kinbox.middleware.base`); ``None`` means :func:`default_middleware`.
             A list replaces the defaults; :meth:`add_middleware` appends.
+        value_deserializer: the default ``value_deserializer`` of this app's
+            handlers that ask for a typed payload (see :meth:`handler`);
+            handlers taking the :class:`~kinbox.event.Event` keep the raw value.
         **settings: any other :class:`~kinbox.config.Settings` field
             (``schema``, ``id_headers``, ``batch_max_messages``, ...); flags
             and ``KINBOX_*`` env override them.
@@ -58,6 +65,7 @@ class App:
         group_id: str | None = None,
         *,
         middleware: Sequence[Middleware] | None = None,
+        value_deserializer: Deserializer | None = None,
         **settings: Any,
     ) -> None:
         unknown = set(settings) - _SETTING_NAMES
@@ -68,6 +76,7 @@ class App:
         if group_id is not None:
             settings["group_id"] = group_id
         self._defaults = settings
+        self._value_deserializer = value_deserializer
         self._routes: dict[str, Route] = {}
         # None until first asked for: the defaults are made then (see middleware).
         self._resolved: list[Middleware] | None = None if middleware is None else []
@@ -115,22 +124,39 @@ class App:
         batch: bool = False,
         max_attempts: int | None = None,
         dead_letter_topic: str | None = None,
+        value_deserializer: Deserializer | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function for ``topic``; return it unchanged.
+
+        What the function's parameters receive is read from its signature,
+        now (:mod:`kinbox.params.signature`): ``(event: Event, tx)`` as
+        always, or a typed payload first (``payload: Lesson``, decoded from
+        the value: a pydantic model, a dataclass, ``dict``, ``bytes``,
+        ``str``), plus any of ``event: Event``, ``tx`` and ``session: Session``
+        (SQLAlchemy, in the inbox transaction). A payload that does not
+        decode is dead-lettered at once with reason ``payload``.
 
         Args:
             topic: a legal Kafka topic name, registered at most once per app.
             batch: the function takes ``(events, tx)`` — the fresh events of
-                one partition batch — instead of ``(event, tx)``.
+                one partition batch — instead of ``(event, tx)`` (or
+                ``list[Lesson]`` for typed payloads).
             max_attempts: tries before an event whose handler keeps failing
                 goes to the dead-letter topic (default: the ``max_attempts``
                 setting).
             dead_letter_topic: where dead letters go (default ``<topic>.dlq``).
+            value_deserializer: turns the value into the payload before it is
+                converted to the first parameter's type: a callable
+                ``bytes -> object`` (any exception it raises dead-letters the
+                event with reason ``payload``) or a confluent-kafka
+                ``Deserializer`` (Schema Registry's Avro, Protobuf, JSON
+                Schema). Default: the App's ``value_deserializer``.
 
         Raises:
             ConfigurationError: illegal topic name, topic already registered,
-                bad ``max_attempts`` or dead-letter topic, or the decorated
-                object is not callable.
+                bad ``max_attempts`` or dead-letter topic, a parameter kinbox
+                cannot fill or a payload type it cannot decode into, or the
+                decorated object is not callable.
         """
         topic_name(topic, setting="handler topic")
         if max_attempts is not None and not (
@@ -149,7 +175,14 @@ class App:
         def register(fn: F) -> F:
             if not callable(fn):
                 raise ConfigurationError(f"@handler({topic!r}) needs a callable, got {fn!r}")
-            route = Route(topic, fn, kind_for(fn, batch=batch), max_attempts, dead_letter_topic)
+            call = prepare(
+                fn,
+                batch=batch,
+                where=f"@handler({topic!r})",
+                value_deserializer=value_deserializer,
+                default_deserializer=self._value_deserializer,
+            )
+            route = Route(topic, fn, kind_for(call, batch=batch), max_attempts, dead_letter_topic)
             existing = self._routes.get(topic)
             if existing is not None:
                 raise ConfigurationError(
@@ -181,11 +214,16 @@ def handler(
     batch: bool = False,
     max_attempts: int | None = None,
     dead_letter_topic: str | None = None,
+    value_deserializer: Deserializer | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function for ``topic`` on :data:`default_app`.
 
     See :meth:`App.handler`.
     """
     return default_app.handler(
-        topic, batch=batch, max_attempts=max_attempts, dead_letter_topic=dead_letter_topic
+        topic,
+        batch=batch,
+        max_attempts=max_attempts,
+        dead_letter_topic=dead_letter_topic,
+        value_deserializer=value_deserializer,
     )

@@ -63,6 +63,18 @@ at another offset); ``fail`` stops the worker with an error, committing
 nothing past the record.
 """
 
+TRACE_CONTEXT_MODES = ("auto", "parent", "link")
+"""Values of ``trace_context``: how a handler's span relates to the producer's trace.
+
+``parent`` makes the record's trace context (its ``traceparent`` header) the
+parent of the ``process`` span, so one trace runs from the producer to the
+handler; ``link`` keeps the span in the worker's own trace (under the
+partition batch's span) and links the producer's context; ``auto`` (the
+default) is ``parent`` for per-event handlers and ``link`` for batch
+handlers, whose events come from many traces (a span has one parent). Either
+way the span links the producer's context.
+"""
+
 
 @dataclass(frozen=True, repr=False)
 class Settings:
@@ -83,6 +95,16 @@ class Settings:
     retry_max: float = 30.0
     max_attempts: int = 5
     missing_id: str = "dead-letter"
+    breaker_failures: int = 10
+    breaker_pause: float = 30.0
+    health_port: int = 0
+    """Port of ``/livez`` and ``/readyz`` (:mod:`kinbox.ops.health`); 0: no endpoints."""
+    live_timeout: float = 0.0
+    """Seconds without a poll before ``/livez`` fails; 0: ``effective_max_poll_interval``."""
+    trace_context: str = "auto"
+    """How a handler's span relates to the producer's trace: ``parent``, ``link`` or ``auto``."""
+    metrics_port: int = 0
+    """Port of the Prometheus ``/metrics`` endpoint (the ``otel`` extra); 0: none."""
     kafka_overrides: Mapping[str, str] = field(default_factory=dict)
 
     def validate(self) -> Settings:
@@ -118,8 +140,24 @@ class Settings:
             )
         if not 1 <= self.max_attempts <= 1000:
             _bad("max_attempts", self.max_attempts, "1..1000 (handler tries before dead-lettering)")
+        if not 0 <= self.breaker_failures <= 100_000:
+            _bad(
+                "breaker_failures",
+                self.breaker_failures,
+                "0..100000 (events failing in a row that pause the worker; 0: never)",
+            )
+        if not self.breaker_pause > 0:
+            _bad("breaker_pause", self.breaker_pause, "a positive number of seconds")
         if self.missing_id not in MISSING_ID_POLICIES:
             _bad("missing_id", self.missing_id, " | ".join(MISSING_ID_POLICIES))
+        if not 0 <= self.health_port <= 65535:
+            _bad("health_port", self.health_port, "0 (off) or a TCP port 1..65535")
+        if not self.live_timeout >= 0:
+            _bad("live_timeout", self.live_timeout, "0 (max_poll_interval) or seconds > 0")
+        if self.trace_context not in TRACE_CONTEXT_MODES:
+            _bad("trace_context", self.trace_context, " | ".join(TRACE_CONTEXT_MODES))
+        if not 0 <= self.metrics_port <= 65535:
+            _bad("metrics_port", self.metrics_port, "0 (no endpoint) or a TCP port, 1..65535")
         if self.pool_size < 1:
             _bad("pool_size", self.pool_size, "1 or more")
         for key in self.kafka_overrides:
@@ -149,6 +187,11 @@ class Settings:
         millis = _milliseconds(self.kafka_overrides.get(key))
         return setting if millis is None else millis / 1000
 
+    @property
+    def effective_live_timeout(self) -> float:
+        """Seconds without a poll before ``/livez`` fails (default: the poll interval allowed)."""
+        return self.live_timeout or self.effective_max_poll_interval
+
     def for_member(self, index: int) -> Settings:
         """The settings of member ``index`` of a ``--processes N`` worker.
 
@@ -156,12 +199,21 @@ class Settings:
         as it is, every one but the last to join would be fenced. Each member
         gets ``<id>-<index>`` instead, the same on every restart, so static
         membership keeps working (a restarted member takes its place back).
+        Health and metrics endpoints, one port each, are on ``port + index``
+        (N processes cannot share one port).
         """
+        changes: dict[str, Any] = {}
+        if self.health_port:
+            changes["health_port"] = self.health_port + index
+        if self.metrics_port:
+            changes["metrics_port"] = self.metrics_port + index
         instance = self.kafka_overrides.get("group.instance.id")
-        if not instance:
-            return self
-        overrides = {**self.kafka_overrides, "group.instance.id": f"{instance}-{index}"}
-        return dataclasses.replace(self, kafka_overrides=overrides)
+        if instance:
+            changes["kafka_overrides"] = {
+                **self.kafka_overrides,
+                "group.instance.id": f"{instance}-{index}",
+            }
+        return dataclasses.replace(self, **changes) if changes else self
 
     def redacted(self) -> dict[str, Any]:
         """Return the settings as a dict that is safe to log: secrets are masked."""

@@ -14,9 +14,15 @@
     ├── ConnectorError                                 Kafka Connect refused or failed a connector
     ├── FailpointError                                 a crash test's ``raise`` failpoint fired
     │                                                  (in kinbox.failpoints: crash tests only)
+    ├── TransactionControlError                        a handler tried to end the inbox
+    │                                                  transaction (commit or roll back) itself
+    ├── RedeliveryUnsafe(KinboxError, AssertionError)  a handler's effect changed on redelivery
+    │                                                  (in kinbox.testing: users' tests only)
     └── (control flow, never logged as errors)
         ├── Retry(delay)                               a handler asks to be tried again later
         └── DeadLetter(reason)                         a handler gives the event up
+            └── InvalidPayload                         the payload does not decode into the
+                                                       handler's type: reason ``payload``
 
 Library exceptions are translated at the seam where they enter
 (:mod:`kinbox.store.postgres` for psycopg, :mod:`kinbox.kafka` for confluent-kafka) to
@@ -117,6 +123,17 @@ class ConnectorError(KinboxError):
     """
 
 
+class TransactionControlError(KinboxError):
+    """A handler tried to commit or roll back the inbox transaction itself.
+
+    kinbox commits the handler's work together with the event's claim, or
+    rolls both back; a handler that ends the transaction would break that.
+    Raised, for example, by ``session.connection().commit()`` on the
+    SQLAlchemy session kinbox hands out (``session.commit()`` itself is
+    harmless there: it only ends the session's own savepoint).
+    """
+
+
 class Retry(KinboxError):
     """Raised by a handler to ask for the event to be tried again after ``delay`` seconds."""
 
@@ -132,3 +149,14 @@ class DeadLetter(KinboxError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class InvalidPayload(DeadLetter):
+    """The payload cannot be decoded or validated into the type the handler asked for.
+
+    A permanent failure: trying again cannot change the bytes, so the event is
+    dead-lettered at once with reason ``payload``, its handler never called.
+    kinbox raises it when decoding; a handler (or a ``value_deserializer``)
+    may raise it too. The message says which type and why, with the
+    validation error's own text.
+    """

@@ -11,6 +11,7 @@ The modules, along the flow of a row:
 
 ================  ==========================================================
 ``writer``        :func:`enqueue`: a row in the caller's transaction, NOTIFY
+``trace_context`` the W3C trace context a row carries from enqueue to the record
 ``schema``        the outbox's tables, as versioned migration steps
 ``relay``         :class:`Relay`: the loop; ``config`` its settings
 ``lanes``         several relays share the outbox without reordering a key
@@ -20,8 +21,11 @@ The modules, along the flow of a row:
 ``batch``         publish a batch keeping key order, settle each verdict
 ``topics``        topics Kafka refuses as a whole: an outage, not the rows'
 ``schedule``      the relay's upkeep as tasks: lane balancing, ``cleanup``
+``telemetry``     the relay's ``send`` spans, counters and outbox gauges
 ``parked``        parked rows block their key until requeued
 ``status``        :func:`read_status`, for ``kinbox outbox status``
+``links``         the outbox rows around one event, for ``kinbox explain``
+``retention``     sent rows outlive their records on the broker (cleanup's floor)
 ``debezium``      the outbox through Debezium instead (CDC); ``slots`` the
                   WAL its slot holds; ``connect_api``, ``connect_plugin``
 ``cli*``          the ``kinbox outbox`` commands

@@ -123,6 +123,7 @@ def settle(
                     "earlier row of its key in the same batch failed (refused in another "
                     "produce request); that row will be published after it",
                     describe(row),
+                    extra=_row(row),
                 )
             continue
         if outcome.held:
@@ -149,6 +150,7 @@ def settle(
                 config.max_attempts,
                 "; parked as dead, its key's later rows wait until it is requeued" if park else "",
                 error,
+                extra=_row(row),
             )
     if result.outages:
         log.warning(
@@ -159,3 +161,8 @@ def settle(
             delay,
         )
     return result
+
+
+def _row(row: OutboxRow) -> dict[str, object]:
+    """The ``extra=`` of a log line about ``row`` (``--log-format json`` fields)."""
+    return {"event_id": str(row.id), "topic": row.topic, "key": row.key}

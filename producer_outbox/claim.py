@@ -39,7 +39,7 @@ LANE_EXPRESSION = "(hashtext(coalesce({t}.aggregateid, {t}.id::text)) & 21474836
 # relay until it ends, as in watermill-sql, which filters on xmin the same way.
 _CLAIM = """
 SELECT o.id, o.seq, o.topic, o.aggregateid, o.type, o.payload::text, o.payload_bytes,
-       o.headers, o.attempts
+       o.headers, o.attempts, o.traceparent, o.tracestate
 FROM {outbox} o
 WHERE o.status = 'pending'
   AND o.txid < pg_snapshot_xmin(pg_current_snapshot())

@@ -13,6 +13,7 @@ from producer_outbox.connect_api import register
 from producer_outbox.connect_plugin import build_smt_jar
 from producer_outbox.debezium import (
     CDC_CONSTRAINT,
+    HEADER_COLUMNS,
     DebeziumSettings,
     check_header_columns,
     connector_config,
@@ -75,9 +76,10 @@ def debezium_config(
 
     The Outbox Event Router publishes each inserted row like the relay would:
     topic from `topic`, key from `aggregateid`, the JSON payload as the value,
-    the event id in the `id` and `event-id` headers, one header per entry of
-    `headers`. The password is a Kafka Connect config-provider placeholder,
-    never the real one. Bytes payloads are relay-only.
+    the event id in the `id` and `event-id` headers, the stored trace context in
+    `traceparent` / `tracestate`, one header per entry of `headers`. The password
+    is a Kafka Connect config-provider placeholder, never the real one. Bytes
+    payloads are relay-only.
     """
     extra: dict[str, str] = {}
     for item in header_columns:
@@ -97,7 +99,8 @@ def debezium_config(
         click.echo(json.dumps(connector, indent=2))
         return
     with connect(database_url, schema) as conn:
-        check_header_columns(conn, schema, extra)
+        # The default ones too: the router fails its task on a column the table lacks.
+        check_header_columns(conn, schema, {**HEADER_COLUMNS, **extra})
         if refuse_bytes_payloads(conn, schema):
             click.echo(
                 f"{schema}.outbox now refuses bytes payloads ({CDC_CONSTRAINT}): "

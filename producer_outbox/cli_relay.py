@@ -9,24 +9,28 @@ from types import FrameType
 
 import click
 
-from producer_outbox.cli_support import connect, database_option, parse_overrides, redact
+from kinbox.ops.health import Health, HealthServer
+from kinbox.ops.logs import configure as configure_logs
+from kinbox.otel.setup import configure as configure_telemetry
+from kinbox.store.probe import ping
+from producer_outbox.cli_support import (
+    connect,
+    database_option,
+    kafka_options,
+    parse_overrides,
+    redact,
+)
 from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import KafkaPublisher, producer_config
 from producer_outbox.relay import Relay
+from producer_outbox.retention import broker_retention
 
 log = logging.getLogger("producer_outbox")
 
 
 @click.command()
 @database_option
-@click.option(
-    "--bootstrap-servers",
-    envvar="KINBOX_BOOTSTRAP_SERVERS",
-    default="localhost:9092",
-    show_default=True,
-    help="Kafka bootstrap servers [env KINBOX_BOOTSTRAP_SERVERS].",
-)
-@click.option("-X", "overrides", multiple=True, help="librdkafka property key=value (repeat).")
+@kafka_options("to publish to")
 @click.option("--lanes", type=int, default=16, show_default=True, help="Same on every relay.")
 @click.option("--batch-size", type=int, default=100, show_default=True)
 @click.option("--poll-interval", type=float, default=1.0, show_default=True, help="Seconds.")
@@ -34,7 +38,43 @@ log = logging.getLogger("producer_outbox")
 @click.option("--retention-days", type=float, default=7.0, show_default=True)
 @click.option("--cleanup-interval", type=float, default=3600.0, show_default=True)
 @click.option("--source", default=None, help="CloudEvents ce_source (default /<topic>).")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option(
+    "--health-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    envvar="KINBOX_HEALTH_PORT",
+    help="Serve /livez and /readyz on this port; 0: off [env KINBOX_HEALTH_PORT].",
+)
+@click.option(
+    "--live-timeout",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    envvar="KINBOX_LIVE_TIMEOUT",
+    help="Seconds without a turn of the loop before /livez fails; above the longest "
+    "batch (a publish waits up to message.timeout.ms) [env KINBOX_LIVE_TIMEOUT].",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    envvar="KINBOX_METRICS_PORT",
+    default=0,
+    help="Serve Prometheus metrics at :PORT/metrics (needs kinbox[otel]; 0: none) "
+    "[env KINBOX_METRICS_PORT]. Tracing and metrics also follow OTEL_*.",
+)
+@click.option(
+    "--log-level",
+    default=None,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="Default INFO (or kinbox --log-level).",
+)
+@click.option(
+    "--log-format",
+    default=None,
+    envvar="KINBOX_LOG_FORMAT",
+    type=click.Choice(["text", "json"]),
+    help="Default text (or kinbox --log-format) [env KINBOX_LOG_FORMAT].",
+)
 def relay(
     database_url: str,
     schema: str,
@@ -47,12 +87,19 @@ def relay(
     retention_days: float,
     cleanup_interval: float,
     source: str | None,
-    log_level: str,
+    health_port: int,
+    live_timeout: float,
+    metrics_port: int,
+    log_level: str | None,
+    log_format: str | None,
 ) -> None:
     """Publish committed outbox rows to Kafka until SIGTERM/SIGINT."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    # Given here, they win over the kinbox group's; else that one's stand.
+    configure_logs(log_level, log_format or "text", force=bool(log_level or log_format))
+    # Before the relay is made: its telemetry sees the SDK this sets up.
+    turned_on = configure_telemetry("kinbox-outbox-relay", metrics_port)
+    if turned_on:
+        log.info("OpenTelemetry: %s", "; ".join(turned_on))
     config = RelayConfig(
         database_url=database_url,
         schema=schema,
@@ -67,7 +114,11 @@ def relay(
     kafka_config = producer_config(bootstrap_servers, parse_overrides(overrides))
     connect(database_url, schema).close()  # fail fast: reachable and migrated
     publisher = KafkaPublisher(kafka_config)
-    runner = Relay(config, publisher)
+    health = Health(live_timeout, "lanes", database=lambda: ping(database_url))
+    server = HealthServer(health, health_port).start() if health_port else None
+    runner = Relay(
+        config, publisher, observer=health, topic_retention=broker_retention(kafka_config)
+    )
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: finishing the current batch, then stopping", signum)
@@ -85,3 +136,5 @@ def relay(
         runner.run()
     finally:
         publisher.close()
+        if server is not None:
+            server.close()

@@ -8,21 +8,22 @@ from datetime import timedelta
 
 import click
 
-from kinbox.errors import ConfigurationError
+from kinbox.errors import ConfigurationError, TransportError
 from producer_outbox.cleanup import delete_older, delete_sent
-from producer_outbox.cli_support import RET_WARNING, connect, database_option
+from producer_outbox.cli_support import (
+    RET_CONNECT,
+    RET_WARNING,
+    connect,
+    database_option,
+    kafka_options,
+    parse_overrides,
+    size_option,
+)
 from producer_outbox.parked import requeue as requeue_rows
-from producer_outbox.slots import DEFAULT_WARN_BYTES, parse_size, read_slots
+from producer_outbox.publisher import producer_config
+from producer_outbox.retention import Floor, broker_retention, floor
+from producer_outbox.slots import DEFAULT_WARN_BYTES, read_slots
 from producer_outbox.status import OutboxStatus, read_status
-
-
-def _size_option(_ctx: click.Context, _param: click.Parameter, value: str | int) -> int:
-    if isinstance(value, int):
-        return value
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 @click.command()
@@ -33,7 +34,7 @@ def _size_option(_ctx: click.Context, _param: click.Parameter, value: str | int)
     default=str(DEFAULT_WARN_BYTES),
     show_default=True,
     envvar="KINBOX_SLOT_WARN_BYTES",
-    callback=_size_option,
+    callback=size_option,
     help="Warn (exit 5) when a replication slot holds back more WAL than this "
     "(512MB, 1GiB, ...) [env KINBOX_SLOT_WARN_BYTES].",
 )
@@ -142,16 +143,52 @@ def requeue(
     help="The outbox is published by Debezium: delete rows by age alone (nothing marks "
     "them sent). Run it on a schedule; the relay's own cleanup never runs under CDC.",
 )
+@kafka_options("asked for the topics' retention")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Delete rows younger than their topic's retention on the broker (their events "
+    "can then no longer be explained by their outbox row).",
+)
 def cleanup(
-    database_url: str, schema: str, retention_days: float, batch_size: int, cdc: bool
+    database_url: str,
+    schema: str,
+    retention_days: float,
+    batch_size: int,
+    cdc: bool,
+    bootstrap_servers: str,
+    overrides: tuple[str, ...],
+    force: bool,
 ) -> None:
-    """Delete sent rows (--cdc: all rows) older than the retention, in bounded batches."""
+    """Delete sent rows (--cdc: all rows) older than the retention, in bounded batches.
+
+    Never rows whose records their topic still keeps on the broker (the
+    longest retention.ms among the topics of the rows due; topics kept
+    forever set no floor): refused with exit 5 unless --force.
+    """
     if retention_days < 0 or batch_size < 1:
         raise ConfigurationError(
             f"retention_days={retention_days!r}, batch_size={batch_size!r}: use >= 0 and >= 1"
         )
     retention = timedelta(days=retention_days)
+    read = broker_retention(producer_config(bootstrap_servers, parse_overrides(overrides)))
     with connect(database_url, schema) as conn:
+        try:
+            kept = floor(conn, schema, retention, read, cdc=cdc)
+        except TransportError as exc:
+            if not force:
+                click.echo(f"cannot read the topics' retention from Kafka: {exc}", err=True)
+                raise SystemExit(RET_CONNECT) from exc
+            kept = Floor(retention)
+        if kept.keep > retention or kept.forever:
+            click.echo(kept.explain(retention), err=kept.keep > retention)
+        if kept.keep > retention and not force:
+            click.echo(
+                f"refusing: use --retention-days {kept.keep.total_seconds() / 86400:g} or "
+                "more, or --force",
+                err=True,
+            )
+            raise SystemExit(RET_WARNING)
         if cdc:
             deleted = delete_older(conn, schema, retention=retention, batch=batch_size)
         else:

@@ -5,14 +5,16 @@ defaults, as for the worker. Passwords never reach the output: URLs are
 printed with the password masked, ``-X`` secrets are never printed.
 
 Exit codes: 0 ok, 2 bad usage or configuration, 3 cannot connect (PostgreSQL,
-or Kafka Connect for ``--register``), 4 schema missing or too old, 5 ``status``
-crossed a warning threshold, 1 anything else.
+or Kafka, or Kafka Connect for ``--register``), 4 schema missing or too old,
+5 ``status`` crossed a warning threshold or ``cleanup`` refused to delete rows
+whose records their topic still keeps, 1 anything else.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 import psycopg
@@ -22,12 +24,15 @@ from kinbox.names import sql_identifier
 from kinbox.store.migrations import check
 from producer_outbox.schema import OUTBOX
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 RET_ERROR = 1
 RET_CONFIG = 2
 RET_CONNECT = 3
 RET_SCHEMA = 4
 RET_WARNING = 5
-"""``status``: a threshold was crossed (a replication slot holds back too much WAL)."""
+"""``status``: a threshold was crossed (a replication slot holds back too much WAL);
+``cleanup``: refused below the topics' retention."""
 
 _URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*(@)")
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
@@ -53,6 +58,36 @@ def database_option(function: Any) -> Any:
         required=True,
         help="PostgreSQL URL or conninfo [env KINBOX_DATABASE_URL].",
     )(function)
+
+
+def kafka_options(purpose: str) -> Callable[[F], F]:
+    """``--bootstrap-servers`` (with ``KINBOX_BOOTSTRAP_SERVERS``) and ``-X``, for ``purpose``."""
+
+    def decorate(function: F) -> F:
+        function = click.option(
+            "-X", "overrides", multiple=True, help="librdkafka property key=value (repeat)."
+        )(function)
+        return click.option(
+            "--bootstrap-servers",
+            envvar="KINBOX_BOOTSTRAP_SERVERS",
+            default="localhost:9092",
+            show_default=True,
+            help=f"Kafka bootstrap servers, {purpose} [env KINBOX_BOOTSTRAP_SERVERS].",
+        )(function)
+
+    return decorate
+
+
+def size_option(_ctx: click.Context, _param: click.Parameter, value: str | int) -> int:
+    """Click callback: ``512MB``, ``1GiB``, ``1073741824`` … as bytes."""
+    from producer_outbox.slots import parse_size
+
+    if isinstance(value, int):
+        return value
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def parse_overrides(values: tuple[str, ...]) -> dict[str, str]:

@@ -25,6 +25,8 @@ class RelayConfig:
     cleanup_interval: float = 3600.0
     cleanup_batch: int = 1000
     source: str | None = None
+    metrics_interval: float = 10.0
+    """Seconds between reads of the outbox's backlog for the gauges (only with an SDK)."""
 
     def validate(self) -> RelayConfig:
         """Return self, or raise :class:`ConfigurationError` naming the bad setting."""
@@ -39,6 +41,7 @@ class RelayConfig:
             ("retention", self.retention, self.retention >= timedelta(0), ">= 0"),
             ("cleanup_interval", self.cleanup_interval, self.cleanup_interval > 0, "> 0"),
             ("cleanup_batch", self.cleanup_batch, self.cleanup_batch >= 1, ">= 1"),
+            ("metrics_interval", self.metrics_interval, self.metrics_interval > 0, "> 0"),
         ]
         for name, value, ok, allowed in checks:
             if not ok:

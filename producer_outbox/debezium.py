@@ -13,6 +13,8 @@ value               ``payload``: its JSON text as is, no schema envelope
 header ``id``       ``id`` (the router's own header)
 header ``event-id`` ``id`` again: kinbox's default id header
 header ``ce_type``  ``type`` (when set)
+``traceparent``,    the trace context ``enqueue`` stored (when set), so the
+``tracestate``      consumer continues the business transaction's trace
 other headers       one per entry of ``headers`` (kinbox's ``ExpandJsonHeader``
                     transform, see ``producer_outbox/java``)
 ==================  ==========================================================
@@ -42,6 +44,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from kinbox.errors import ConfigurationError
 from kinbox.names import sql_identifier
+from producer_outbox.trace_context import COLUMNS as TRACE_COLUMNS
 
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 EVENT_ROUTER = "io.debezium.transforms.outbox.EventRouter"
@@ -53,11 +56,11 @@ PASSWORD_PLACEHOLDER = "${env:KINBOX_DEBEZIUM_DATABASE_PASSWORD}"
 HEADERS_CARRIER = "kinbox.headers"
 """The header the router puts the ``headers`` column in, for ``ExpandJsonHeader`` to expand."""
 
-HEADER_COLUMNS: Mapping[str, str] = {"type": "ce_type"}
+HEADER_COLUMNS: Mapping[str, str] = {"type": "ce_type", **TRACE_COLUMNS}
 """Outbox columns published as one header each (column → header name), beside the id.
 
-The hook for columns added later (the trace context): add ``column: header``
-here, or pass ``header_columns`` to :func:`connector_config`.
+A NULL in one adds no header. More with ``header_columns`` (:func:`connector_config`).
+Each must have no ``DEFAULT``: see :func:`check_header_columns`.
 """
 
 CDC_CONSTRAINT = "outbox_cdc_json_only"

@@ -12,15 +12,20 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicCollection
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, not re-exported in the stubs
+    AclOperation,
+    AdminClient,
+)
 
 from kinbox.errors import ConfigurationError
-from kinbox.kafka.errors import broken, create_client, describe, is_fatal
+from kinbox.kafka.errors import ClientLog, broken, create_client, describe, is_fatal
 from producer_outbox.records import Record
 
 _Callback = Callable[[KafkaError | None, Message], None]
+AdminFactory = Callable[[dict[str, Any]], AdminClient]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,11 @@ _TOPIC_CODES = frozenset(
         KafkaError.CLUSTER_AUTHORIZATION_FAILED,
     }
 )
+
+
+_MAY_WRITE = frozenset({AclOperation.WRITE, AclOperation.ALL})
+# The admin client is a plain client: without these it asks for no producer id.
+_PRODUCER_ONLY = ("enable.idempotence", "enable.gapless.guarantee", "acks", "message.timeout.ms")
 
 
 @dataclass(frozen=True)
@@ -174,16 +184,23 @@ class KafkaPublisher:
     Args:
         config: the producer configuration (:func:`producer_config`).
         factory: creates the producer from ``config`` (a seam for tests).
+        admin_factory: creates the admin client that asks whether a topic
+            may be written (``None``: don't ask; a seam for tests).
 
     Raises:
         ConfigurationError: librdkafka refused the configuration (``-X``).
     """
 
     def __init__(
-        self, config: Mapping[str, str], factory: Callable[[dict[str, str]], Producer] = Producer
+        self,
+        config: Mapping[str, str],
+        factory: Callable[[dict[str, str]], Producer] = Producer,
+        admin_factory: AdminFactory | None = AdminClient,
     ) -> None:
         self._config = dict(config)
         self._factory = factory
+        self._admin_factory = admin_factory
+        self._admin: AdminClient | None = None  # made when first needed
         self._producer = self._create()
         timeout_ms = int(self._config.get("message.timeout.ms", "300000"))
         self._flush_timeout = timeout_ms / 1000 + 5.0
@@ -268,7 +285,8 @@ class KafkaPublisher:
         ``topic.metadata.propagation.max.ms``, by which time later records of
         the same keys in other topics may be acknowledged. Asked first, a
         missing or forbidden topic fails its records before any is produced,
-        so the later records of their keys are held.
+        so the later records of their keys are held. So does one this client
+        may see but not write (:meth:`_write_denied`).
         """
         refused: dict[str, Outcome] = {}
         for topic in sorted({r.topic for r in records} - self._writable):
@@ -279,10 +297,40 @@ class KafkaPublisher:
             found = metadata.topics.get(topic)
             error = found.error if found is not None else None
             if found is not None and error is None:
-                self._writable.add(topic)
+                denied = self._write_denied(topic)
+                if denied is None:
+                    self._writable.add(topic)
+                else:
+                    refused[topic] = denied
             elif error is not None and error.code() in _TOPIC_CODES:
                 refused[topic] = _outcome(error)
         return refused
+
+    def _write_denied(self, topic: str) -> Outcome | None:
+        """The outcome of ``topic``'s records if the broker says they may not be written.
+
+        A topic the client may DESCRIBE but not WRITE looks fine in the
+        metadata; the refusal comes only in the delivery report. The broker
+        says which operations are allowed (KIP-430), so ask it. No answer
+        (no authorizer, an old broker, a timeout) means go ahead: producing
+        reports a refusal anyway.
+        """
+        if self._admin_factory is None:
+            return None
+        if self._admin is None:
+            config = {k: v for k, v in self._config.items() if k not in _PRODUCER_ONLY}
+            self._admin = create_client(self._admin_factory, config, "the outbox relay's admin")
+        try:
+            futures = self._admin.describe_topics(
+                TopicCollection([topic]), include_authorized_operations=True
+            )
+            allowed = futures[topic].result(timeout=self._metadata_timeout).authorized_operations
+        except (KafkaException, TimeoutError):
+            return None
+        if allowed is None or _MAY_WRITE.intersection(allowed):
+            return None
+        reason = f"not authorized to write to topic {topic!r} (the broker's ACLs)"
+        return _outcome(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, reason))
 
     def _produce(
         self,
@@ -319,7 +367,7 @@ class KafkaPublisher:
             call()
         except (KafkaException, SystemError) as exc:
             # SystemError: a delivery report ran with the fatal error pending.
-            reason = broken(exc)
+            reason = broken(exc, self._log)
             if reason is None:
                 raise
             fatal.because(reason)
@@ -327,7 +375,10 @@ class KafkaPublisher:
         return True
 
     def _create(self) -> Producer:
-        return create_client(self._factory, self._config, "the outbox relay's producer")
+        # A log per producer: the fatal reason it remembers is this one's.
+        self._log = ClientLog(logging.getLogger("producer_outbox.kafka"))
+        config: dict[str, Any] = {**self._config, "logger": self._log}
+        return create_client(self._factory, config, "the outbox relay's producer")
 
     def _replace(self, reason: str, waiting: Callable[[], bool]) -> None:
         """Collect what the failed producer still has to report, then use a new one."""

@@ -7,6 +7,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from producer_outbox.trace_context import headers as trace_headers
+
 #: CloudEvents spec version announced in ``ce_specversion``.
 CE_SPECVERSION = "1.0"
 
@@ -23,6 +25,9 @@ class OutboxRow:
     value: bytes
     headers: dict[str, str]
     attempts: int
+    traceparent: str | None = None
+    """The W3C trace context stored by ``enqueue``, if a span was current then."""
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True)
@@ -36,8 +41,9 @@ class Record:
 
 
 def row_from_db(values: tuple[Any, ...]) -> OutboxRow:
-    """Build an :class:`OutboxRow` from ``claim``'s column order."""
-    id_, seq, topic, key, event_type, payload_text, payload_bytes, headers, attempts = values
+    """Build an :class:`OutboxRow` from ``claim``'s column order (the trace context last)."""
+    id_, seq, topic, key, event_type, payload_text, payload_bytes, headers, attempts = values[:9]
+    traceparent, tracestate = (*values[9:11], None, None)[:2]
     if payload_bytes is not None:
         value = bytes(payload_bytes)
     else:
@@ -51,6 +57,8 @@ def row_from_db(values: tuple[Any, ...]) -> OutboxRow:
         value=value,
         headers=dict(headers or {}),
         attempts=attempts,
+        traceparent=traceparent,
+        tracestate=tracestate,
     )
 
 
@@ -59,7 +67,9 @@ def to_record(row: OutboxRow, *, source: str | None = None) -> Record:
 
     ``ce_*`` headers are set when the row has an event type (CloudEvents needs
     id, source, type and specversion); ``source`` is the relay's setting,
-    ``/<topic>`` by default.
+    ``/<topic>`` by default. The stored trace context becomes ``traceparent``
+    / ``tracestate`` (a relay that traces replaces them with its own span's:
+    :mod:`producer_outbox.telemetry`).
     """
     event_id = str(row.id).encode()
     headers: list[tuple[str, bytes]] = [("event-id", event_id)]
@@ -70,6 +80,7 @@ def to_record(row: OutboxRow, *, source: str | None = None) -> Record:
             ("ce_source", (source or f"/{row.topic}").encode()),
             ("ce_specversion", CE_SPECVERSION.encode()),
         ]
+    headers += trace_headers(row.traceparent, row.tracestate)
     headers += [(name, value.encode()) for name, value in row.headers.items()]
     return Record(
         topic=row.topic,

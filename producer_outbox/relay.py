@@ -5,7 +5,8 @@ One loop, one thread::
     wake (NOTIFY from a committing writer, or the poll interval as fallback)
     ──► upkeep tasks that are due (:mod:`.schedule`):
           balance lanes, every min(1 s, poll interval) (advisory locks, :mod:`.lanes`)
-          delete old sent rows, every ``cleanup_interval`` (:mod:`.cleanup`)
+          delete old sent rows, every ``cleanup_interval`` (:mod:`.cleanup`),
+          never while their topic still keeps their records (:mod:`.retention`)
     ──► per owned lane, one transaction per batch:
           claim rows FOR UPDATE SKIP LOCKED (:mod:`.claim`) ──► publish all, await
           every delivery report (:mod:`.publisher`) ──► mark acked rows sent, failed
@@ -60,6 +61,9 @@ Guarantees and choices:
   ends the connected loop, which reconnects. Lane balancing starts anew with
   each connection (the locks were the old connection's); the cleanup keeps
   its schedule across reconnects, its first run right after the start.
+- **Health.** An optional observer (:class:`RelayObserver`; ``--health-port``
+  serves it as ``/livez`` and ``/readyz``) hears each turn of the loop and
+  how many lanes the relay owns.
 - **Shutdown.** :meth:`Relay.stop` (SIGTERM/SIGINT in the CLI) lets the
   current batch finish and commit, releases the lanes, closes connections.
 """
@@ -70,21 +74,23 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
 from kinbox.failpoints import failpoint
 from producer_outbox import claim as store
 from producer_outbox import topics
-from producer_outbox.batch import Settlement, publish, settle
+from producer_outbox.batch import Settlement, settle
 from producer_outbox.cleanup import delete_sent
 from producer_outbox.config import RelayConfig
 from producer_outbox.lanes import LaneOwner
 from producer_outbox.publisher import Publisher
 from producer_outbox.records import to_record
+from producer_outbox.retention import TopicRetention, floor
 from producer_outbox.schedule import Scheduler
 from producer_outbox.schema import notify_channel
+from producer_outbox.telemetry import RelayTelemetry
 
 __all__ = ["Relay", "RelayConfig"]
 
@@ -93,6 +99,24 @@ log = logging.getLogger(__name__)
 _BALANCE = "balance lanes"
 
 Connection = psycopg.Connection[tuple[Any, ...]]
+
+
+class RelayObserver(Protocol):
+    """Told how the loop is doing (:class:`kinbox.ops.health.Health` is one)."""
+
+    def turned(self) -> None:
+        """The loop made progress: a round, a batch, a slice of a wait, a cleanup batch."""
+
+    def holding(self, count: int) -> None:
+        """The relay owns ``count`` lanes now."""
+
+
+class _Unobserved:
+    def turned(self) -> None:
+        pass
+
+    def holding(self, count: int) -> None:
+        pass
 
 
 class Relay:
@@ -104,9 +128,16 @@ class Relay:
         publisher: Publisher,
         *,
         connect: Callable[[], Connection] | None = None,
+        observer: RelayObserver | None = None,
+        topic_retention: TopicRetention | None = None,
+        telemetry: RelayTelemetry | None = None,
     ) -> None:
         self.config = config.validate()
+        # With it, sent rows outlive their records on the broker (:mod:`.retention`).
+        self._topic_retention = topic_retention
+        self._observer: RelayObserver = observer or _Unobserved()
         self._publisher = publisher
+        self._telemetry = telemetry or RelayTelemetry(self.config.schema)
         self._connect = connect or (lambda: psycopg.connect(config.database_url, autocommit=True))
         self._stopping = False
         # Upkeep between batches; a lost connection passes through to run(),
@@ -114,6 +145,9 @@ class Relay:
         # reconnect: its first run is right after the start.
         self._upkeep: Scheduler[Connection] = Scheduler(propagate=(psycopg.OperationalError,))
         self._upkeep.add("cleanup", self.config.cleanup_interval, self._cleanup)
+        if self._telemetry.metering:
+            # The outbox's gauges (backlog, parked, oldest): only read for an SDK.
+            self._upkeep.add("metrics", self.config.metrics_interval, self._telemetry.refresh)
         # Rounds of the lanes in a row that met an outage and reached Kafka with
         # nothing: the outage's backoff grows with it.
         self._outages = 0
@@ -132,6 +166,7 @@ class Relay:
                 self._run_connected()
                 return
             except psycopg.OperationalError as exc:
+                self._observer.holding(0)  # the lane locks went with the connection
                 log.warning("outbox relay lost PostgreSQL (%s); reconnecting in %.1fs", exc, delay)
                 self._sleep(delay)
                 delay = min(self.config.backoff_max, delay * 2)
@@ -152,11 +187,14 @@ class Relay:
             self._upkeep.add(_BALANCE, interval, lambda _work: lanes.balance())
             try:
                 while not self._stopping:
+                    self._observer.turned()
                     self._upkeep.run_due(work, should_stop=lambda: self._stopping)
+                    self._observer.holding(len(lanes.owned))
                     busy = self.run_lanes(work, sorted(lanes.owned))
                     if not busy:
                         self._wait(listen)
             finally:
+                self._observer.holding(0)
                 self._upkeep.remove(_BALANCE)
                 # Closing the connection would release the locks too; releasing
                 # first lets another relay take the lanes without waiting.
@@ -172,6 +210,7 @@ class Relay:
         for lane in lanes:
             if self._stopping:
                 break
+            self._observer.turned()  # a round may take long: each batch is progress
             busy |= self.run_batch(conn, lane) >= self.config.batch_size
         if self._round_sent:
             self._outages = 0
@@ -192,7 +231,8 @@ class Relay:
             if not rows:
                 return 0
             records = [to_record(row, source=self.config.source) for row in rows]
-            outcomes = publish(self._publisher, rows, records)
+            # Spans (for rows enqueued in a trace) and counts around the publish.
+            outcomes = self._telemetry.publish(self._publisher, rows, records)
             # Crash test: acked by Kafka, not yet marked: a restart must re-publish.
             failpoint("relay_after_publish")
             result = settle(
@@ -230,28 +270,47 @@ class Relay:
                 error,
                 failures,
                 retry_in,
+                extra={"topic": topic},
             )
         for topic in sorted((result.acked_topics & self._failing) - result.topics.keys()):
             self._failing.discard(topic)
             if topics.clear(conn, self.config.schema, topic):
-                log.info("outbox topic %r accepts records again", topic)
+                log.info("outbox topic %r accepts records again", topic, extra={"topic": topic})
 
     def _cleanup(self, conn: Connection) -> None:
-        """Upkeep: delete sent rows older than the retention, in bounded batches."""
+        """Upkeep: delete sent rows older than the retention, in bounded batches.
+
+        With the broker's topic retention at hand, never rows whose records
+        the topic still keeps (:mod:`.retention`); a broker that does not
+        answer fails the task, which deletes nothing and runs again later.
+        """
+        retention = self.config.retention
+        if self._topic_retention is not None:
+            kept = floor(conn, self.config.schema, retention, self._topic_retention)
+            if kept.keep > retention or kept.forever:
+                level = logging.WARNING if kept.keep > retention else logging.INFO
+                log.log(level, "outbox cleanup: %s", kept.explain(retention),
+                        extra={"topic": kept.topic})  # fmt: skip
+            retention = kept.keep
         deleted = delete_sent(
             conn,
             self.config.schema,
-            retention=self.config.retention,
+            retention=retention,
             batch=self.config.cleanup_batch,
-            should_stop=lambda: self._stopping,
+            should_stop=self._cleanup_should_stop,
         )
         if deleted:
             log.info("outbox cleanup: deleted %d sent rows", deleted)
+
+    def _cleanup_should_stop(self) -> bool:
+        self._observer.turned()  # asked between cleanup batches: the loop is busy, not stuck
+        return self._stopping
 
     def _wait(self, listen: Connection) -> None:
         """Sleep until a NOTIFY, the poll interval, or stop — in short slices for signals."""
         deadline = time.monotonic() + self.config.poll_interval
         while not self._stopping:
+            self._observer.turned()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -267,4 +326,5 @@ class Relay:
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while not self._stopping and time.monotonic() < deadline:
+            self._observer.turned()
             time.sleep(min(0.2, deadline - time.monotonic()))

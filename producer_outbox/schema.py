@@ -28,6 +28,22 @@ migration's transaction and blocks writes to the outbox while it builds,
 which takes a moment on a table that holds mostly pending and parked rows
 (sent rows are outside both partial indexes).
 
+Step 3 adds ``caused_by_consumer`` and ``caused_by_event_id``: when a kinbox
+handler enqueues inside its inbox transaction, the consumer group and the
+event it was handling (:mod:`kinbox.cause`), so ``kinbox explain`` can say
+what an event's transaction enqueued. Both are NULL for rows written outside
+a handler. Like every outbox column a CDC connector may publish as a header,
+they have no ``DEFAULT`` (Debezium would publish a NULL as the default's
+value, KAFKA-8713).
+
+Step 4 adds ``traceparent`` and ``tracestate``: the W3C trace context that
+was current when the row was enqueued (:mod:`producer_outbox.trace_context`),
+NULL when there was none. The relay continues that trace and puts both on
+the record as headers; Debezium's router does the same from the columns.
+They have no ``DEFAULT`` on purpose: Debezium records a column's default in
+the Connect schema, and Kafka Connect then reads a NULL as that default
+(KAFKA-8713), so an untraced row would be published with a bogus header.
+
 Bytes payloads live in their own ``bytea`` column so they round-trip exactly
 (no base64 convention a consumer must know); a CDC connector only routes
 ``payload``, so bytes rows are relay-only.
@@ -115,7 +131,37 @@ def _publish_order_and_failing_topics(schema: sql.Identifier) -> Sequence[sql.Co
     ]
 
 
-OUTBOX = Component("outbox", [_create_table, _publish_order_and_failing_topics])
+def _add_cause(schema: sql.Identifier) -> Sequence[sql.Composed | sql.SQL]:
+    return [
+        # Nullable, no DEFAULT (see the module docstring): adding them rewrites nothing.
+        sql.SQL(
+            "ALTER TABLE {}.outbox ADD COLUMN IF NOT EXISTS caused_by_consumer text,"
+            " ADD COLUMN IF NOT EXISTS caused_by_event_id text"
+        ).format(schema),
+        # `kinbox explain` looks rows up by the event that caused them. Partial:
+        # rows enqueued outside a handler (most, in a pure producer) are not in it.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS outbox_caused_by_idx"
+            " ON {}.outbox (caused_by_event_id, caused_by_consumer)"
+            " WHERE caused_by_event_id IS NOT NULL"
+        ).format(schema),
+    ]
+
+
+def _add_trace_context(schema: sql.Identifier) -> Sequence[sql.Composed | sql.SQL]:
+    return [
+        # Nullable, no DEFAULT (see the module docstring): adding them rewrites nothing.
+        sql.SQL(
+            "ALTER TABLE {}.outbox ADD COLUMN IF NOT EXISTS traceparent text,"
+            " ADD COLUMN IF NOT EXISTS tracestate text"
+        ).format(schema),
+    ]
+
+
+OUTBOX = Component(
+    "outbox",
+    [_create_table, _publish_order_and_failing_topics, _add_cause, _add_trace_context],
+)
 """The outbox component: ``kinbox migrate`` applies it next to the inbox's."""
 
 

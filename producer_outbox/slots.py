@@ -68,8 +68,9 @@ class SlotStatus:
         if self.retained_bytes > warn_bytes:
             state = "active" if self.active else "INACTIVE (is Kafka Connect running?)"
             return (
-                f"replication slot {self.name!r} holds back {_size(self.retained_bytes)} of WAL "
-                f"(threshold {_size(warn_bytes)}), {state}"
+                f"replication slot {self.name!r} holds back "
+                f"{format_size(self.retained_bytes)} of WAL "
+                f"(threshold {format_size(warn_bytes)}), {state}"
             )
         return None
 
@@ -130,7 +131,8 @@ def drop_slot(conn: psycopg.Connection[Any], name: str, *, wait: float = 30.0) -
         time.sleep(0.2)
 
 
-def _size(count: int) -> str:
+def format_size(count: int) -> str:
+    """Bytes in binary units: ``512 B``, ``8.0 KiB``, ``1.2 GiB``."""
     value = float(count)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":

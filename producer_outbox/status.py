@@ -20,12 +20,42 @@ SELECT count(*) FILTER (WHERE status = 'pending'),
 FROM {outbox}
 """
 
+# The counts of read_status without the sent rows: only the unfinished rows are
+# read (the outbox_key_order_idx partial index holds exactly those), so the
+# relay can ask every few seconds however many sent rows wait for cleanup.
+_BACKLOG = """
+SELECT count(*) FILTER (WHERE status = 'pending'),
+       count(*) FILTER (WHERE status = 'pending' AND last_error IS NOT NULL),
+       count(*) FILTER (WHERE status = 'dead'),
+       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'pending')), 0)
+FROM {outbox}
+WHERE status <> 'sent'
+"""
+
 _DEAD = """
 SELECT id::text, topic, aggregateid, attempts, last_error FROM {outbox}
 WHERE status = 'dead' ORDER BY seq LIMIT %s
 """
 
-__all__ = ["BlockedKey", "FailingTopic", "OutboxStatus", "ParkedRow", "read_status"]
+__all__ = [
+    "Backlog",
+    "BlockedKey",
+    "FailingTopic",
+    "OutboxStatus",
+    "ParkedRow",
+    "read_backlog",
+    "read_status",
+]
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What is left to publish: the relay's gauges (see :func:`read_backlog`)."""
+
+    pending: int
+    retrying: int
+    dead: int
+    oldest_pending_seconds: float
 
 
 @dataclass(frozen=True)
@@ -93,3 +123,11 @@ def read_status(
         blocked_keys=keys,
         failing_topics=read_failing(conn, schema),
     )
+
+
+def read_backlog(conn: psycopg.Connection[Any], schema: str) -> Backlog:
+    """Read the unfinished rows' counts and the oldest pending row's age (cheap: no sent rows)."""
+    outbox = sql.SQL("{}.outbox").format(sql.Identifier(schema))
+    row = conn.execute(sql.SQL(_BACKLOG).format(outbox=outbox)).fetchone()
+    assert row is not None  # an aggregate always returns one row
+    return Backlog(int(row[0]), int(row[1]), int(row[2]), float(row[3]))

@@ -5,6 +5,10 @@ take effect at the caller's COMMIT and vanish with a ROLLBACK, so a rolled-back
 business transaction leaves no row and wakes no relay. PostgreSQL folds equal
 notifications of one transaction into one, so enqueueing many events in a
 transaction costs one wake-up.
+
+When a span is current, the row also stores its W3C trace context
+(``traceparent``, ``tracestate``; :mod:`producer_outbox.trace_context`), so
+the relay and the consumer continue the business transaction's trace.
 """
 
 from __future__ import annotations
@@ -19,13 +23,32 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from kinbox.cause import current as current_cause
 from kinbox.errors import ConfigurationError, PayloadError, StoreError
 from kinbox.names import sql_identifier, topic_name
+from producer_outbox import trace_context
 from producer_outbox.debezium import CDC_CONSTRAINT
 from producer_outbox.schema import notify_channel
 
+# One statement, so even an autocommit caller gets the row and the
+# notification atomically.
+_INSERT = (
+    "WITH row AS ("
+    " INSERT INTO {}.outbox"
+    " (id, topic, aggregatetype, aggregateid, type, payload, payload_bytes, headers{})"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s{}) RETURNING id)"
+    " SELECT row.id, pg_notify(%s, '') FROM row"
+)
+_CAUSE_COLUMNS = sql.SQL(", caused_by_consumer, caused_by_event_id")
+_CAUSE_VALUES = sql.SQL(", %s, %s")
+
 #: Header names the relay sets itself; a stored header may not shadow them.
-RESERVED_HEADERS = frozenset({"event-id", "ce_id", "ce_type", "ce_source", "ce_specversion"})
+RESERVED_HEADERS = frozenset(
+    {"event-id", "ce_id", "ce_type", "ce_source", "ce_specversion", *trace_context.COLUMNS.values()}
+)
+
+_TRACE_COLUMNS = sql.SQL(", traceparent, tracestate")
+_TRACE_VALUES = sql.SQL(", %s, %s")
 
 _MAX_KEY_BYTES = 1024
 # json.dumps writes U+0000 as the escape \u0000 (after an even number of backslashes).
@@ -76,6 +99,34 @@ def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     return checked
 
 
+# (host, port, database, schema, columns) -> whether its outbox has those columns.
+_COLUMNS_FOUND: dict[tuple[str, int, str, str, tuple[str, ...]], bool] = {}
+_CAUSE_NAMES = ("caused_by_consumer", "caused_by_event_id")
+_TRACE_NAMES = tuple(trace_context.COLUMNS)
+
+
+def _has_columns(
+    conn: psycopg.Connection[Any] | psycopg.Cursor[Any], schema: str, names: tuple[str, ...]
+) -> bool:
+    """Whether the outbox in ``schema`` has every column of ``names`` (asked once per process).
+
+    What those columns hold (the trace context, the inbox event that caused
+    the row) is bookkeeping and must never fail an enqueue: an outbox not yet
+    migrated (new code deployed before ``kinbox migrate``) simply records none.
+    """
+    info = conn.connection.info if isinstance(conn, psycopg.Cursor) else conn.info
+    where = (info.host, info.port, info.dbname, schema, names)
+    found = _COLUMNS_FOUND.get(where)
+    if found is None:
+        row = conn.execute(
+            "SELECT count(*) = %s FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attname = ANY(%s) AND NOT attisdropped",
+            (len(names), f"{sql_identifier(schema, setting='schema')}.outbox", list(names)),
+        ).fetchone()
+        found = _COLUMNS_FOUND[where] = bool(row and row[0])
+    return found
+
+
 def enqueue(
     conn: psycopg.Connection[Any] | psycopg.Cursor[Any],
     topic: str,
@@ -90,7 +141,11 @@ def enqueue(
     """Add an event to the outbox in the transaction of ``conn``; return its event id.
 
     Nothing is published before the caller commits; a rollback discards the
-    event. Rows of one ``key`` go to one partition, in ``(txid, seq)`` order:
+    event. Called from a kinbox handler, the row also records which inbox
+    event it was enqueued for (``caused_by_consumer``, ``caused_by_event_id``;
+    see :mod:`kinbox.cause`), which ``kinbox explain`` shows.
+
+    Rows of one ``key`` go to one partition, in ``(txid, seq)`` order:
     one transaction's in the order it enqueued them; across transactions, in
     the order they got their transaction ids (their first write), which is
     commit order when writers of the key take ``SELECT … FOR UPDATE`` on the
@@ -129,16 +184,7 @@ def enqueue(
     event_id = event_id if event_id is not None else uuid.uuid4()
     if not isinstance(event_id, uuid.UUID):
         raise ConfigurationError(f"outbox event_id={event_id!r}: must be a uuid.UUID")
-    # One statement, so even an autocommit caller gets the row and the
-    # notification atomically.
-    statement = sql.SQL(
-        "WITH row AS ("
-        " INSERT INTO {}.outbox"
-        " (id, topic, aggregatetype, aggregateid, type, payload, payload_bytes, headers)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id)"
-        " SELECT row.id, pg_notify(%s, '') FROM row"
-    ).format(schema_id)
-    params = (
+    params: tuple[Any, ...] = (
         event_id,
         topic,
         topic,
@@ -147,8 +193,25 @@ def enqueue(
         json_payload,
         raw_payload,
         Jsonb(stored_headers),
-        notify_channel(schema),
     )
+    # The optional columns are named only when there is something to store,
+    # so a plain, untraced producer's INSERT is the one it always was: the
+    # trace context current at enqueue, and, inside a kinbox handler, which
+    # inbox event this row is for.
+    columns: list[sql.Composable] = []
+    values: list[sql.Composable] = []
+    traced = trace_context.current()
+    if traced is not None and _has_columns(conn, schema, _TRACE_NAMES):
+        columns.append(_TRACE_COLUMNS)
+        values.append(_TRACE_VALUES)
+        params += traced
+    cause = current_cause()
+    if cause is not None and _has_columns(conn, schema, _CAUSE_NAMES):
+        columns.append(_CAUSE_COLUMNS)
+        values.append(_CAUSE_VALUES)
+        params += (cause.consumer, cause.event_id)
+    statement = sql.SQL(_INSERT).format(schema_id, sql.Composed(columns), sql.Composed(values))
+    params += (notify_channel(schema),)
     try:
         conn.execute(statement, params)
     except psycopg.errors.CheckViolation as exc:

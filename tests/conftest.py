@@ -18,14 +18,13 @@ from typing import NoReturn
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
-from psycopg import sql
 
 from kinbox.devstack.connect import KafkaConnect
 from kinbox.devstack.postgres import PostgresServer
 from kinbox.devstack.stack import Stack, local_stack, start_connect
 from kinbox.errors import ServiceError
+from tests.support.database import drop_schema
+from tests.support.topics import create_topic
 
 CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 """In CI a service that cannot start fails the run; elsewhere it skips the tests that need it."""
@@ -113,15 +112,9 @@ MakeTopic = Callable[..., str]
 @pytest.fixture
 def make_topic(stack: Stack) -> MakeTopic:
     """Create a fresh topic: ``make_topic(partitions=3, prefix="t")`` returns its name."""
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
 
     def create(partitions: int = 3, prefix: str = "t") -> str:
-        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
-        futures = admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1)]
-        )
-        futures[name].result(timeout=30)
-        return name
+        return create_topic(stack.bootstrap_servers, partitions=partitions, prefix=prefix)
 
     return create
 
@@ -131,8 +124,7 @@ def schema(stack: Stack) -> Iterator[str]:
     """A unique, not yet migrated schema name; dropped after the test."""
     name = f"kb_{uuid.uuid4().hex[:12]}"
     yield name
-    with psycopg.connect(stack.database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+    drop_schema(stack.database_url, name)
 
 
 @pytest.fixture

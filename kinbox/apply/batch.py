@@ -36,8 +36,10 @@ batch's ids, COMMIT (a deferred constraint), the dead-letter bookkeeping — is
 pinned on its event by splitting the batch (:mod:`kinbox.apply.narrow`): an id that
 cannot be stored goes to the ``missing_id`` policy, a refused COMMIT counts
 as a try of its event. So no record stalls its partition. Only an outage (a
-transient error: also when seen inside a handler) or a dead letter the broker
-did not acknowledge rolls the whole batch back without counting a try.
+transient error: also when seen inside a handler) rolls the whole batch back
+without counting a try. A dead letter the broker did not acknowledge counts
+no try either: the events before it commit, and the partition holds at it
+until the broker takes it (see :mod:`kinbox.apply.narrow`).
 
 Ambiguous commit: when the connection is lost during COMMIT, kinbox cannot
 know whether the transaction committed, and does not guess. The batch is
@@ -52,13 +54,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
 from kinbox.apply.dispatch import Dispatcher
-from kinbox.apply.narrow import Plan, Refused, Settlement, Tally
-from kinbox.apply.outcome import BatchResult, Failure
+from kinbox.apply.narrow import Plan, Refused, Settlement, Tally, Undeliverable
+from kinbox.apply.outcome import BatchResult, Failure, Step
 from kinbox.apply.route import Route
 from kinbox.consume.envelope import Record, derived_event, to_event
 from kinbox.errors import EnvelopeError, StoreError, TransportError
@@ -196,12 +199,13 @@ class BatchProcessor:
             Refused: PostgreSQL refused the claim, COMMIT or a dead letter's
                 bookkeeping, not transiently.
             HandlerFailed, Abandoned: see :meth:`Dispatcher.run`.
-            StoreError, TransportError: the database or the broker failed;
-                the batch must wait.
+            Undeliverable: the broker did not take a dead letter.
+            StoreError: the database failed; the batch must wait.
         """
         route = self._routes[events[0].topic]
         letters: list[Letter] = []
         ready = False  # the body ran to its end: a StoreError now is COMMIT's
+        committing = 0  # when COMMIT began (time.time_ns), for after_step
         try:
             with self._store.transaction() as tx:
                 fresh = self._claim(tx, events)
@@ -228,28 +232,68 @@ class BatchProcessor:
                     # The deferred checks COMMIT would run are run first, so a
                     # refused COMMIT is found before the broker has them.
                     self._check_deferred(tx)
-                    with self._sending:
-                        for letter in letters:
-                            limit = self._limits.get(letter.target)
-                            deadletter.send(self._publisher, letter, limit)
-                        self._publisher.flush()
+                    self._deliver(letters)
                 failpoint("before_db_commit")
                 ready = True
+                committing = self._now()
         except StoreError as exc:
-            if ready and not exc.transient:
-                raise Refused("commit", exc) from exc
+            if ready:
+                self._step("commit", events[0], events, committing, error=exc)
+                if not exc.transient:
+                    raise Refused("commit", exc) from exc
             raise
+        self._step("commit", events[0], fresh, committing)
         failpoint("after_db_commit")
         return Tally(len(fresh) - len(letters), len(events) - len(fresh), letters)
 
+    def _now(self) -> int:
+        # Only timed when a middleware listens: the claim and COMMIT are per
+        # transaction, but a clock read on no one's behalf is still waste.
+        return time.time_ns() if self._chain.observes_steps else 0
+
+    def _step(
+        self,
+        name: str,
+        where: Event,
+        events: Sequence[Event],
+        started: int,
+        fresh: Sequence[Event] | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Tell the middleware a claim or COMMIT of ``where``'s partition is done."""
+        if self._chain.observes_steps:
+            step = Step(
+                name, where.topic, where.partition, started, self._now(), events, fresh, error
+            )
+            self._chain.after_step(step)
+
+    def _deliver(self, letters: list[Letter]) -> None:
+        """Send ``letters`` and wait for the broker to acknowledge them all.
+
+        Raises:
+            Undeliverable: one was not acknowledged; blamed on the first, the
+                earliest of them not known to be delivered.
+        """
+        try:
+            with self._sending:
+                for letter in letters:
+                    deadletter.send(self._publisher, letter, self._limits.get(letter.target))
+                self._publisher.flush()
+        except TransportError as exc:
+            raise Undeliverable(letters[0], exc) from exc
+
     def _claim(self, tx: InboxTransaction, events: list[Event]) -> list[Event]:
         reclaim = {e.id for e in events if deadletter.is_replay(e.headers)}
+        started = self._now()
         try:
-            return tx.claim(events, reclaim)
+            fresh = tx.claim(events, reclaim)
         except StoreError as exc:
+            self._step("claim", events[0], events, started, error=exc)
             if exc.transient:
                 raise
             raise Refused("claim", exc) from exc
+        self._step("claim", events[0], events, started, fresh)
+        return fresh
 
     def _record(
         self, tx: InboxTransaction, fresh: list[Event], letters: list[Letter], plan: Plan

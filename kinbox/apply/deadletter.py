@@ -10,7 +10,9 @@ came from and why it was given up:
 ``kinbox.dlq.offset``      original offset
 ``kinbox.dlq.consumer``    the consumer group that gave it up
 ``kinbox.dlq.reason``      ``handler-error``, ``retries-exhausted``,
-                           ``invalid-id`` or ``dead-letter-requested: <why>``
+                           ``invalid-id``, ``payload`` (it does not decode into
+                           the handler's type; never retried) or
+                           ``dead-letter-requested: <why>``
 ``kinbox.dlq.error.type``  exception class
 ``kinbox.dlq.error.message`` exception text, at most 1000 bytes
 ``kinbox.dlq.attempts``    handler tries made
@@ -46,6 +48,8 @@ MAX_MESSAGE_BYTES = 1000
 HANDLER_ERROR = "handler-error"
 RETRIES_EXHAUSTED = "retries-exhausted"
 INVALID_ID = "invalid-id"
+PAYLOAD = "payload"
+"""The payload does not decode into the handler's type (:class:`~kinbox.errors.InvalidPayload`)."""
 REQUESTED = "dead-letter-requested"
 
 
@@ -174,6 +178,10 @@ def send(publisher: Publisher, letter: Letter, max_bytes: int | None = None) -> 
     log.error(
         "dead-lettering %s[%d]@%d to %r after %d attempt(s): %s",
         r.topic, r.partition, r.offset, letter.target, letter.attempts, letter.summary,
+        extra={
+            "topic": r.topic, "partition": r.partition, "offset": r.offset,
+            "group": letter.consumer, "dlq_topic": letter.target, "reason": letter.reason,
+        },
     )  # fmt: skip
     publisher.send(letter.target, r.key, r.value, headers(letter, max_bytes=max_bytes))
 

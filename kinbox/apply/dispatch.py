@@ -15,7 +15,9 @@ a savepoint:
   as a whole and the try is not counted;
 - a failure to retry (not the event's last try): the partition stops at the
   event (:class:`HandlerFailed`) and the events before it are applied again;
-- a permanent failure (:class:`~kinbox.errors.DeadLetter`, or the last try):
+- a permanent failure (:class:`~kinbox.errors.DeadLetter`, a payload that
+  does not decode into the handler's type (:class:`~kinbox.errors.InvalidPayload`),
+  or the last try):
   the :class:`Verdict` is kept and the transaction redone *carefully*, with a
   savepoint per event, so the event is dead-lettered without its handler
   running again and a later poison event is isolated on its own.
@@ -50,13 +52,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from kinbox import cause
 from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
 from kinbox.apply.outcome import Verdict
 from kinbox.apply.route import Route
 from kinbox.consume.envelope import Record
 from kinbox.describe import text
-from kinbox.errors import DeadLetter, Retry
+from kinbox.errors import DeadLetter, InvalidPayload, Retry
 from kinbox.event import Event
 from kinbox.middleware.base import Chain
 from kinbox.store.base import InboxTransaction
@@ -72,7 +75,8 @@ class Dispatcher:
     """
 
     def __init__(self, consumer: str, max_attempts: int, chain: Chain | None = None) -> None:
-        self._consumer = consumer
+        self.consumer = consumer
+        """The consumer group: written into dead letters, and the cause of enqueued rows."""
         self._max_attempts = max_attempts
         self.chain = chain or Chain(())
         """The middleware around each call."""
@@ -128,7 +132,7 @@ class Dispatcher:
         """The dead letter of ``event``, given up for ``reason``."""
         attempts = 0 if reason == deadletter.INVALID_ID else event.attempt
         return Letter(
-            records[event.offset], route.dlq_topic, self._consumer, reason, error, attempts
+            records[event.offset], route.dlq_topic, self.consumer, reason, error, attempts
         )
 
     def limit(self, route: Route) -> int:
@@ -143,6 +147,9 @@ class Dispatcher:
         Raises:
             StoreError: ``exc`` comes from a database outage (re-raised as such).
         """
+        if isinstance(exc, InvalidPayload):
+            # The bytes will not change: never worth another try.
+            return deadletter.PAYLOAD
         if isinstance(exc, DeadLetter):
             return f"{deadletter.REQUESTED}: {text(exc.reason, 500)}"
         outage = tx.outage(exc)
@@ -188,10 +195,17 @@ class _Calls:
             self._dispatcher.letter(self._route, self._records, event, reason, error)
         )
 
+    # The cause is set here, around the middleware too, so whatever a layer
+    # or the handler enqueues is linked to the event (a ContextVar: no I/O).
     def around_event(self, event: Event, call: Callable[[Event], object]) -> object:
-        return self._dispatcher.chain.around_event(event, call)
+        with cause.handling(self._dispatcher.consumer, event.id):
+            return self._dispatcher.chain.around_event(event, call)
 
     def around_events(
         self, events: Sequence[Event], call: Callable[[Sequence[Event]], object]
     ) -> object:
-        return self._dispatcher.chain.around_events(events, call)
+        # Which event of several a row belongs to only the handler knows
+        # (kinbox.cause.caused_by); one event is unambiguous.
+        single = events[0].id if len(events) == 1 else None
+        with cause.handling(self._dispatcher.consumer, single):
+            return self._dispatcher.chain.around_events(events, call)

@@ -32,6 +32,12 @@ events before it are committed, and those after it carry on:
   running again.
 - its **bookkeeping** refused: recorded again with the bare reason code.
 
+A dead letter the broker does not take (its topic refuses the record, the
+producer went fatal, the broker is away) is no refusal of the database and
+no try of its event: the events before the transaction's first dead letter
+commit, and the partition waits at that record, as for an outage, until the
+broker takes it (:class:`Undeliverable`).
+
 If even that is refused — the derived id, the bare code, or the COMMIT of
 an event whose handler did not run — nothing of the event is left to blame:
 the database is at fault, and the partition waits as for an outage. A
@@ -65,6 +71,19 @@ from kinbox.event import Event
 log = logging.getLogger(__name__)
 
 Where = Literal["claim", "commit", "record"]
+
+
+class Undeliverable(Exception):
+    """The broker did not take a dead letter of the transaction, which was rolled back.
+
+    ``letter`` is the transaction's first dead letter (lowest offset): the
+    partition holds at its record, the events before it still commit.
+    """
+
+    def __init__(self, letter: Letter, error: TransportError) -> None:
+        super().__init__(f"dead letter to {letter.target!r} not delivered: {error}")
+        self.letter = letter
+        self.error = error
 
 
 class Refused(Exception):
@@ -104,10 +123,10 @@ class Tally:
 Apply = Callable[[list[Event], Plan], Tally]
 """Applies some consecutive events of the batch in one transaction, following the plan.
 
-Raises :class:`Refused`, :class:`~kinbox.apply.dispatch.HandlerFailed`,
-:class:`~kinbox.apply.dispatch.Abandoned`, :class:`~kinbox.apply.outcome.Unpipelined`,
-or :class:`~kinbox.errors.StoreError` /
-:class:`~kinbox.errors.TransportError` for what must wait.
+Raises :class:`Refused`, :class:`Undeliverable`,
+:class:`~kinbox.apply.outcome.HandlerFailed`, :class:`~kinbox.apply.outcome.Abandoned`,
+:class:`~kinbox.apply.outcome.Unpipelined`, or :class:`~kinbox.errors.StoreError` for
+what must wait.
 """
 
 
@@ -168,7 +187,7 @@ class Settlement:
                 )  # fmt: skip
                 # The rolled-back try of the events before it is not a failure
                 # of theirs: apply them again so the partition moves up to it.
-                end = self._bound = self._index(failed)
+                end = self._bound = self._index(failed.offset)
                 suspect = 0
                 continue
             except Refused as exc:
@@ -177,6 +196,8 @@ class Settlement:
                         "%s of %s[%d]@%d..%d refused (%s): narrowing it down",
                         exc.where, part[0].topic, part[0].partition, part[0].offset,
                         part[-1].offset, exc.error,
+                        extra={"topic": part[0].topic, "partition": part[0].partition,
+                               "offset": part[0].offset},
                     )  # fmt: skip
                     suspect, end = self._start + len(part), self._start + len(part) // 2
                     continue
@@ -185,6 +206,13 @@ class Settlement:
                     continue
                 self._stopped = self._wait(part, exc.error) if outcome == "wait" else outcome
                 break
+            except Undeliverable as exc:
+                # An outage of the dead-letter topic, not a try of the event:
+                # the events before it commit, the partition holds at it.
+                self._stopped = self._undelivered(exc)
+                end = self._bound = self._index(exc.letter.record.offset)
+                suspect = 0
+                continue
             except (StoreError, TransportError) as exc:
                 self._stopped = self._wait(part, exc)
                 break
@@ -224,6 +252,7 @@ class Settlement:
             log.error(
                 "COMMIT of %s[%d]@%d (event %r) refused on its last try (%d): dead-lettering it",
                 event.topic, event.partition, event.offset, event.id, event.attempt,
+                extra=_position(event),
             )  # fmt: skip
             plan.verdicts[event.offset] = Verdict(deadletter.HANDLER_ERROR, exc.error)
             return None
@@ -233,6 +262,7 @@ class Settlement:
             "%s of %s[%d]@%d refused with nothing of the event left to blame: "
             "the database is at fault, the partition waits",
             exc.where, event.topic, event.partition, event.offset,
+            extra=_position(event),
         )  # fmt: skip
         return "wait"
 
@@ -249,14 +279,28 @@ class Settlement:
                 record.topic, record.partition, record.offset, event.attempt, envelope,
                 record=record,
             )  # fmt: skip
-        log.warning("%s; keyed on its position instead (missing_id=%s)", envelope, self._missing_id)
+        log.warning(
+            "%s; keyed on its position instead (missing_id=%s)",
+            envelope,
+            self._missing_id,
+            extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
+        )
         self._events[self._start] = derived_event(record, event.attempt)
         if self._missing_id == "dead-letter":
             self._plan.invalid[event.offset] = envelope
         return None
 
-    def _index(self, event: Event) -> int:
-        return next(i for i, e in enumerate(self._events) if e.offset == event.offset)
+    def _undelivered(self, exc: Undeliverable) -> Failure:
+        """The partition waits at the dead letter's record (no try counted)."""
+        r = exc.letter.record
+        event = self._events[self._index(r.offset)]
+        return Failure(
+            r.topic, r.partition, r.offset, event.attempt, exc.error, record=r,
+            dead_letter_topic=exc.letter.target,
+        )  # fmt: skip
+
+    def _index(self, offset: int) -> int:
+        return next(i for i, e in enumerate(self._events) if e.offset == offset)
 
     def _result(self) -> BatchResult:
         done = self._events[self._start - 1].offset + 1 if self._start else None
@@ -264,3 +308,13 @@ class Settlement:
             done, self._stopped, self._applied, self._duplicates, len(self._letters),
             tuple(self._letters),
         )  # fmt: skip
+
+
+def _position(event: Event) -> dict[str, object]:
+    """The ``extra=`` of a log line about ``event`` (``--log-format json`` fields)."""
+    return {
+        "topic": event.topic,
+        "partition": event.partition,
+        "offset": event.offset,
+        "event_id": event.id,
+    }

@@ -1,4 +1,4 @@
-"""What became of one partition batch: :class:`BatchResult` and :class:`Failure`.
+"""What became of one partition batch: :class:`BatchResult`, :class:`Failure`, each :class:`Step`.
 
 Also the control flow that carries a handler's failure out of a transaction
 (:class:`HandlerFailed`, :class:`Abandoned`, with a :class:`Verdict`, and
@@ -10,6 +10,7 @@ middleware; it imports nothing of them, so no circle forms between them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,7 +57,10 @@ class Failure:
         error: the cause (:class:`EnvelopeError`, :class:`StoreError`, or what
             the handler raised).
         event: the event whose handler failed, when one did.
-        record: the record that could not become an event, for envelope errors.
+        record: the record that could not become an event, for envelope errors,
+            or whose dead letter the broker did not take.
+        dead_letter_topic: where that dead letter was going, when one was
+            not delivered (the partition holds at its record).
         streak: consecutive failures of the partition at this offset, of any
             kind (set by the runner; the backoff grows with it, while only
             handler failures count towards ``max_attempts``).
@@ -69,6 +73,7 @@ class Failure:
     error: BaseException
     event: Event | None = None
     record: Record | None = None
+    dead_letter_topic: str | None = None
     streak: int = 1
 
     @property
@@ -81,6 +86,38 @@ class Failure:
         if isinstance(self.error, TransportError) and self.event is None:
             return "dead-letter"
         return "handler"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One claim or one COMMIT of a partition batch's transaction, as it happened.
+
+    A batch takes one transaction, or several when it is redone or narrowed
+    down (:mod:`kinbox.apply.narrow`), so a batch may report several steps
+    of each kind.
+
+    Attributes:
+        name: ``claim`` or ``commit``.
+        topic: the batch's topic.
+        partition: its partition.
+        started: when the step began, in nanoseconds since the epoch (``time.time_ns``).
+        ended: when it ended, likewise.
+        events: the events of the transaction: those the claim was given, or
+            those the COMMIT settled (applied or dead-lettered).
+        fresh: for a claim that succeeded, the events it found new; the
+            others of ``events`` are duplicates. ``None`` for a COMMIT or a
+            failed claim.
+        error: what the step raised, if it failed.
+    """
+
+    name: str
+    topic: str
+    partition: int
+    started: int
+    ended: int
+    events: Sequence[Event]
+    fresh: Sequence[Event] | None = None
+    error: BaseException | None = None
 
 
 class HandlerFailed(Exception):

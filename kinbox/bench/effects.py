@@ -106,19 +106,32 @@ def tally(conn: psycopg.Connection[Any], schema: str, table: str) -> Tally:
     return Tally(int(row[0]), int(row[1]))
 
 
-def frontier(conn: psycopg.Connection[Any], schema: str, table: str) -> dict[int, int]:
+def frontier(
+    conn: psycopg.Connection[Any], schema: str, table: str, since: float | None = None
+) -> dict[int, int]:
     """Per partition, one past the highest offset with a committed effect.
 
     Right after a contender is killed between its database commit and its
     offset commit, the records from the committed offset up to here are the
-    batch that will be delivered again.
+    batch that will be delivered again. With ``since`` (seconds since the
+    epoch on the server's clock, :func:`server_time`) only the effects written
+    from then on count: what one process applied, if it started then.
     """
+    after = sql.SQL("") if since is None else sql.SQL(" WHERE applied_at >= to_timestamp(%s)")
     rows = conn.execute(
-        sql.SQL('SELECT partition, max("offset") + 1 FROM {}.{} GROUP BY partition').format(
-            sql.Identifier(schema), sql.Identifier(table)
-        )
+        sql.SQL('SELECT partition, max("offset") + 1 FROM {}.{}{} GROUP BY partition').format(
+            sql.Identifier(schema), sql.Identifier(table), after
+        ),
+        () if since is None else (since,),
     ).fetchall()
     return {int(p): int(o) for p, o in rows}
+
+
+def server_time(conn: psycopg.Connection[Any]) -> float:
+    """The server's clock now, in seconds since the epoch (what ``applied_at`` is written by)."""
+    row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    assert row is not None
+    return float(row[0])
 
 
 def commit_time_available(conn: psycopg.Connection[Any]) -> bool:
@@ -134,11 +147,10 @@ def clock_offset(conn: psycopg.Connection[Any], samples: int = 7) -> float:
     best: tuple[float, float] | None = None
     for _ in range(samples):
         before = time.time()
-        row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        server = server_time(conn)
         after = time.time()
-        assert row is not None
         if best is None or after - before < best[0]:
-            best = (after - before, float(row[0]) - (before + after) / 2)
+            best = (after - before, server - (before + after) / 2)
     assert best is not None
     return best[1]
 
@@ -187,3 +199,35 @@ def latency(
 def gap(frontier_: Mapping[int, int], committed: Mapping[int, int]) -> int:
     """Records between the committed offsets and the database frontier: the redelivered batch."""
     return sum(max(0, end - committed.get(p, 0)) for p, end in frontier_.items())
+
+
+def redelivered(
+    reached: Mapping[int, int], own: Mapping[int, int], committed: Mapping[int, int],
+    *, exactly_once: bool,
+) -> int:  # fmt: skip
+    """Records a member killed after its database commit had applied past its committed offsets.
+
+    They are what it hands over to be delivered again. Only what *this*
+    member applied counts (``own``: its frontier, :func:`frontier` since it
+    started): the effects past the committed offsets may also hold a batch of
+    an earlier member that this one was killed before reaching, and that
+    batch is delivered again once, not once per kill. A member consumes each
+    partition in offset order from the committed offset, so where it wrote
+    an effect it went through everything below it.
+
+    An exactly-once member whose own effects are all below the committed
+    offsets was killed after a batch its claim suppressed whole (a repeat of
+    an earlier member's batch), which leaves no trace in the table: then
+    everything past the committed offsets (``reached``) is counted, as a
+    restarted member with the backlog in hand re-reads it.
+
+    Args:
+        reached: :func:`frontier` of every effect.
+        own: :func:`frontier` of the killed member's effects.
+        committed: the group's committed offsets after the kill.
+        exactly_once: the contender suppresses duplicates (so writes no effect for them).
+    """
+    mine = gap(own, committed)
+    if mine or not exactly_once:
+        return mine
+    return gap(reached, committed)

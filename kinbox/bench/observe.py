@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from kinbox.bench.spec import Target
 from kinbox.errors import KinboxError
+from kinbox.kafka.errors import translate
 
 INTERVAL = 0.02
 """Seconds between samples."""
@@ -54,13 +55,27 @@ class Progress:
         self._parts = [TopicPartition(self.topic, p) for p in sorted(self.ends)]
         self.total = sum(self.ends[p] - self.start.get(p, 0) for p in self.ends)
 
-    def committed(self) -> dict[int, int]:
-        """The group's committed offsets now (0 for a partition without one)."""
-        try:
-            parts = self._consumer.committed(self._parts, timeout=10)
-        except KafkaException as exc:
-            raise KinboxError(f"reading committed offsets of {self.group!r}: {exc}") from exc
-        return {tp.partition: max(tp.offset, 0) for tp in parts}
+    def committed(self, timeout: float = 30.0) -> dict[int, int]:
+        """The group's committed offsets now (0 for a partition without one).
+
+        A retriable refusal is asked again, for up to ``timeout`` seconds: a
+        busy broker answers NOT_COORDINATOR (or times out) while it moves or
+        loads a new group's coordinator, and that is no failure of the run.
+
+        Raises:
+            TransportError: the broker refused for good, or kept refusing.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                parts = self._consumer.committed(self._parts, timeout=10)
+            except KafkaException as exc:
+                error = translate(f"reading committed offsets of {self.group!r}", exc)
+                if not error.retriable or time.monotonic() > deadline:
+                    raise error from exc
+                time.sleep(INTERVAL * 10)
+                continue
+            return {tp.partition: max(tp.offset, 0) for tp in parts}
 
     def sample(self) -> int:
         """Record one sample; return the records done so far."""

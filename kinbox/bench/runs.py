@@ -150,7 +150,13 @@ def kill_spacing(deliveries: int, kills: int, commit_size: int) -> int:
 
 
 def redelivery(ctx: Context, job: Job) -> RunResult:
-    """Kill the member between DB commit and offset commit, restart it; repeat ``kills`` times."""
+    """Kill the member between DB commit and offset commit, restart it; repeat ``kills`` times.
+
+    ``notes["redelivered"]`` counts, per kill, the records the killed member
+    applied past the committed offsets (:func:`kinbox.bench.effects.redelivered`):
+    a batch of an earlier member that it was killed before reaching is still
+    past them, but is delivered again once, not once per kill.
+    """
     prepare(ctx, job)
     result = job.result()
     kills = ctx.sizes.kills
@@ -170,6 +176,10 @@ def redelivery(ctx: Context, job: Job) -> RunResult:
     started = time.monotonic()
     redelivered, peak = 0, 0
     try:
+        # The server's clock when each member starts: its own effects are those
+        # written since, and only they count as its redelivered batch.
+        with ctx.connect() as conn:
+            born = effects.server_time(conn)
         child = ctx.start(spec, f"{job.name}-0", armed if kills else "")
         deadline = time.monotonic() + _timeout(progress.total) * 2
         while True:
@@ -183,7 +193,11 @@ def redelivery(ctx: Context, job: Job) -> RunResult:
                 result.kills += 1
                 with ctx.connect() as conn:
                     reached = effects.frontier(conn, job.schema, job.table)
-                redelivered += effects.gap(reached, progress.committed())
+                    own = effects.frontier(conn, job.schema, job.table, since=born)
+                    born = effects.server_time(conn)
+                redelivered += effects.redelivered(
+                    reached, own, progress.committed(), exactly_once=job.contender.exactly_once
+                )
                 child = ctx.start(
                     spec, f"{job.name}-{result.kills}", armed if result.kills < kills else ""
                 )

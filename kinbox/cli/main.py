@@ -3,7 +3,8 @@
 Exit codes tell a supervisor what went wrong without parsing logs:
 2 configuration, 3 import, 4 connection, 5 schema not migrated, 6 stopped on a
 record without a valid event id (``missing_id=fail``), 7 the Kafka consumer
-failed fatally (see :mod:`kinbox.cli.support`); ``--processes N`` is run by
+failed fatally, 8 ``status`` crossed a threshold or ``inbox cleanup`` refused to
+delete inside the dedup window (see :mod:`kinbox.cli.support`); ``--processes N`` is run by
 :mod:`kinbox.ops.supervisor`.
 """
 
@@ -23,6 +24,7 @@ from kinbox.cli.support import (
     EXIT_FATAL,
     EXIT_IMPORT,
     EXIT_SCHEMA,
+    EXIT_THRESHOLD,
     configure_logging,
     resolve_target,
 )
@@ -40,6 +42,7 @@ __all__ = [
     "EXIT_FATAL",
     "EXIT_IMPORT",
     "EXIT_SCHEMA",
+    "EXIT_THRESHOLD",
     "main",
 ]
 
@@ -54,11 +57,19 @@ log = logging.getLogger("kinbox.cli")
     show_default=True,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
+@click.option(
+    "--log-format",
+    default="text",
+    envvar="KINBOX_LOG_FORMAT",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="json: one object a line, with topic/partition/offset/event_id where there is one.",
+)
 @click.pass_context
-def main(ctx: click.Context, log_level: str) -> None:
+def main(ctx: click.Context, log_level: str, log_format: str) -> None:
     """Exactly-once database effects for Kafka consumers on PostgreSQL."""
-    ctx.obj = {"log_level": log_level.upper()}
-    configure_logging(log_level.upper())
+    ctx.obj = {"log_level": log_level.upper(), "log_format": log_format}
+    configure_logging(log_level.upper(), log_format)
 
 
 @main.command()
@@ -89,11 +100,48 @@ def main(ctx: click.Context, log_level: str) -> None:
     help="Handler tries before an event is dead-lettered (default 5) [KINBOX_MAX_ATTEMPTS].",
 )
 @click.option(
+    "--breaker-failures",
+    type=click.IntRange(0, 100_000),
+    help="Events whose handler failed in a row, across partitions, after which the worker "
+    "pauses every partition (default 10; 0: never) [KINBOX_BREAKER_FAILURES].",
+)
+@click.option(
+    "--breaker-pause",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds the worker stays paused before it tries one event again (default 30) "
+    "[KINBOX_BREAKER_PAUSE].",
+)
+@click.option(
     "--missing-id",
     type=click.Choice(["dead-letter", "derive", "fail"]),
     help="Record without a valid event id: dead-letter it (default), derive its id from "
     "topic/partition/offset (suppresses consumer redelivery only, not producer "
     "duplicates), or fail (stop the worker) [KINBOX_MISSING_ID].",
+)
+@click.option(
+    "--health-port",
+    type=click.IntRange(0, 65535),
+    help="Serve /livez and /readyz on this port (0: off, the default; with --processes N, "
+    "member i uses port + i) [KINBOX_HEALTH_PORT].",
+)
+@click.option(
+    "--live-timeout",
+    type=float,
+    help="Seconds without a poll before /livez fails (default: max.poll.interval.ms) "
+    "[KINBOX_LIVE_TIMEOUT].",
+)
+@click.option(
+    "--trace-context",
+    type=click.Choice(["auto", "parent", "link"]),
+    help="How a handler's span relates to the producer's trace: parent (continue it), link "
+    "(stay in the worker's trace, link it), auto (default: parent for per-event handlers, "
+    "link for batch handlers) [KINBOX_TRACE_CONTEXT].",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics at :PORT/metrics (needs kinbox[otel]; member i of "
+    "--processes N uses PORT+i) [KINBOX_METRICS_PORT].",
 )
 @click.option(
     "-X",
@@ -116,7 +164,7 @@ def worker(ctx: click.Context, /, target: str, processes: int, kafka: tuple[str,
         return
     from kinbox.ops.supervisor import supervise
 
-    sys.exit(supervise(target, flags, processes, ctx.obj["log_level"]))
+    sys.exit(supervise(target, flags, processes, ctx.obj["log_level"], ctx.obj["log_format"]))
 
 
 def _run(app: Any, settings: Settings) -> None:
@@ -163,15 +211,19 @@ def migrate(database_url: str | None, schema: str | None, print_sql: bool) -> No
 
 # Both ship in this distribution; imported last so `kinbox --help` lists them.
 from kinbox.bench.command import bench  # noqa: E402
+from kinbox.cli.explain import explain_command  # noqa: E402
 from kinbox.cli.ops import dlq, inbox  # noqa: E402
+from kinbox.cli.status import status  # noqa: E402
 from kinbox.devstack.command import dev  # noqa: E402
 from producer_outbox.cli import outbox  # noqa: E402
 
 main.add_command(bench)
 main.add_command(dev)
 main.add_command(dlq)
+main.add_command(explain_command)
 main.add_command(inbox)
 main.add_command(outbox)
+main.add_command(status)
 
 
 if __name__ == "__main__":

@@ -1,34 +1,16 @@
-"""Operator commands: ``kinbox dlq replay`` and ``kinbox inbox cleanup``."""
+"""Operator commands: ``kinbox dlq replay``, and the ``kinbox inbox`` group (its ``cleanup``)."""
 
 from __future__ import annotations
 
 import os
-import re
-from datetime import timedelta
 from typing import Any
 
 import click
 
 from kinbox.apply import deadletter
-from kinbox.cli.support import EXIT_CONFIG, die, guard, parse_kafka_overrides
+from kinbox.cli.support import guard, parse_kafka_overrides
 from kinbox.config import Settings
 from kinbox.names import topic_name
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-
-
-def parse_duration(text: str) -> timedelta:
-    """Parse ``14d``, ``36h``, ``90m`` or ``30s``.
-
-    Raises:
-        click.BadParameter: any other form.
-    """
-    found = _DURATION.fullmatch(text.strip())
-    if not found:
-        raise click.BadParameter(f"{text!r}: use a number and s, m, h or d, e.g. 14d")
-    number, unit = found.groups()
-    return timedelta(**{_UNITS[unit]: float(number)})
 
 
 @click.group()
@@ -92,36 +74,6 @@ def inbox() -> None:
     """The inbox table, processed_events."""
 
 
-@inbox.command()
-@click.option(
-    "--older-than",
-    required=True,
-    metavar="DURATION",
-    help="Delete rows processed longer ago than this (14d, 36h, ...). It MUST exceed the "
-    "longest redelivery horizon — topic retention, worst consumer lag, dead-letter "
-    "replays — or a late redelivery is applied a second time.",
-)
-@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True)
-@click.option("--database-url", help="PostgreSQL URL [KINBOX_DATABASE_URL].")
-@click.option("--schema", help="Schema of the kinbox tables [KINBOX_SCHEMA].")
-def cleanup(older_than: str, batch_size: int, database_url: str | None, schema: str | None) -> None:
-    """Delete old processed_events rows in bounded batches.
+from kinbox.cli.retention import cleanup  # noqa: E402  (after the group it joins)
 
-    Retention must exceed the longest redelivery horizon (topic retention,
-    consumer lag, dead-letter replays): a redelivered event whose row is gone
-    is applied again.
-    """
-    from kinbox.store.retention import delete_processed
-
-    age = parse_duration(older_than)
-    settings: Settings = guard(
-        lambda: Settings.load({"database_url": database_url, "schema": schema}, os.environ)
-    )
-    if not settings.database_url:
-        die("set --database-url or KINBOX_DATABASE_URL", EXIT_CONFIG)
-    deleted = guard(
-        lambda: delete_processed(
-            settings.database_url, settings.schema, older_than=age, batch=batch_size
-        )
-    )
-    click.echo(f"deleted {deleted} processed_events row(s) older than {older_than}")
+inbox.add_command(cleanup)

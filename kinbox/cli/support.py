@@ -4,15 +4,18 @@ Exit codes tell a supervisor what went wrong without parsing logs:
 2 configuration (librdkafka refusing a ``-X`` property included), 3 import,
 4 connection, 5 schema not migrated, 6 stopped on a record without a valid
 event id (``missing_id=fail``), 7 the Kafka consumer failed fatally (e.g.
-fenced by another member with the same ``group.instance.id``).
+fenced by another member with the same ``group.instance.id``), 8 ``status``
+crossed a threshold or ``inbox cleanup`` refused to delete inside the dedup
+window.
 """
 
 from __future__ import annotations
 
-import logging
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -37,6 +40,60 @@ EXIT_CONNECT = 4
 EXIT_SCHEMA = 5
 EXIT_BAD_INPUT = 6
 EXIT_FATAL = 7
+EXIT_THRESHOLD = 8
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse ``14d``, ``36h``, ``90m`` or ``30s``.
+
+    Raises:
+        click.BadParameter: any other form.
+    """
+    found = _DURATION.fullmatch(text.strip())
+    if not found:
+        raise click.BadParameter(f"{text!r}: use a number and s, m, h or d, e.g. 14d")
+    number, unit = found.groups()
+    return timedelta(**{_UNITS[unit]: float(number)})
+
+
+def connection_options(function: Any) -> Any:
+    """``--bootstrap-servers``, ``--database-url``, ``--schema`` and ``-X``, as the worker has."""
+    for option in reversed(
+        [
+            click.option("--bootstrap-servers", help="Kafka brokers [KINBOX_BOOTSTRAP_SERVERS]."),
+            click.option("--database-url", help="PostgreSQL URL [KINBOX_DATABASE_URL]."),
+            click.option("--schema", help="Schema of the kinbox tables [KINBOX_SCHEMA]."),
+            click.option(
+                "-X", "kafka", multiple=True, metavar="KEY=VALUE", help="librdkafka property."
+            ),
+        ]
+    ):
+        function = option(function)
+    return function
+
+
+def load_settings(
+    bootstrap_servers: str | None,
+    database_url: str | None,
+    schema: str | None,
+    kafka: Sequence[str],
+) -> Settings:
+    """The options of :func:`connection_options` > ``KINBOX_*`` env > defaults; needs a database."""
+    from kinbox.config import Settings
+
+    flags = {
+        "bootstrap_servers": bootstrap_servers,
+        "database_url": database_url,
+        "schema": schema,
+        "kafka_overrides": parse_kafka_overrides(kafka) or None,
+    }
+    settings: Settings = guard(lambda: Settings.load(flags, os.environ))
+    if not settings.database_url:
+        die("set --database-url or KINBOX_DATABASE_URL", EXIT_CONFIG)
+    return settings
 
 
 def parse_kafka_overrides(values: Sequence[str]) -> dict[str, str]:
@@ -52,13 +109,11 @@ def parse_kafka_overrides(values: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def configure_logging(level: str) -> None:
-    """Log to stderr at ``level``, each line naming the process (members of one worker differ)."""
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s %(levelname)s [{os.getpid()}] %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def configure_logging(level: str, fmt: str = "text") -> None:
+    """Log to stderr at ``level`` in ``fmt`` (text or json; see :mod:`kinbox.ops.logs`)."""
+    from kinbox.ops.logs import configure
+
+    configure(level, fmt)
 
 
 def resolve_target(target: str, flags: Mapping[str, Any]) -> tuple[App, Settings]:

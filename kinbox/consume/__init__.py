@@ -8,6 +8,8 @@
 ``inflight``   the batch running on its worker thread while polling goes on
 ``offsets``    what may be committed to Kafka, and only that
 ``backoff``    a failed partition paused, rewound and resumed later
+``breaker``    the circuit breaker: every partition paused when the handler
+               fails for event after event, then one event let through
 =============  ================================================================
 
 No module here imports a Kafka or database driver: the runner talks to

@@ -82,9 +82,28 @@ class Backoff:
             tries = failure.attempt
         streak += 1
         self._failures[tp] = (failure.offset, tries, streak)
-        decision = self._policy.decide(dataclasses.replace(failure, streak=streak))
+        failure = dataclasses.replace(failure, streak=streak)
+        decision = self._policy.decide(failure)
+        self._say(failure, where, decision.delay)
+        self._transport.pause([tp])
+        self._transport.seek(tp, failure.offset)
+        self.paused[tp] = self._clock() + decision.delay
+
+    def _say(self, failure: Failure, where: str, delay: float) -> None:
+        """Log the failure at ERROR: every try of it, so a waiting partition is never silent."""
         if failure.event is not None:
             where += f" (event {failure.event.id!r})"
+        if failure.dead_letter_topic is not None:
+            log.error(
+                "dead letter of %s to %r not delivered (%d time(s) in a row): %s. Only this "
+                "partition waits: it stays paused at offset %d (not committed past it) and "
+                "tries again in %.2fs; other partitions carry on. Fix the dead-letter topic "
+                "(it must exist, take a record of this size and be writable) and the "
+                "partition drains by itself",
+                where, failure.dead_letter_topic, failure.streak, describe(failure.error),
+                failure.offset, delay,
+            )  # fmt: skip
+            return
         log.error(
             "%s failure at %s, attempt %d: %s; rolled back, retrying in %.2fs; "
             "the offset is not committed past it",
@@ -92,12 +111,15 @@ class Backoff:
             where,
             failure.attempt,
             describe(failure.error),
-            decision.delay,
+            delay,
             exc_info=failure.error if failure.kind == "handler" and failure.attempt == 1 else None,
+            extra={
+                "topic": failure.topic,
+                "partition": failure.partition,
+                "offset": failure.offset,
+                "event_id": None if failure.event is None else failure.event.id,
+            },
         )
-        self._transport.pause([tp])
-        self._transport.seek(tp, failure.offset)
-        self.paused[tp] = self._clock() + decision.delay
 
     def resume_due(self) -> None:
         """Resume the partitions whose delay is over."""

@@ -17,6 +17,14 @@ never lands on a new owner. (A commit sent before the revoke may still be
 on its way; it carries an offset the database had committed, the broker
 handles it before this member's rejoin — same connection, in order — and
 the revoke's own synchronous commit follows it.)
+
+Markers: a transactional producer's commit (or abort) marker takes an
+offset of its own and is no record, so ``last offset + 1`` stops one short
+of it, and a partition whose transactions all committed would show a lag
+of one for ever. Once every record the consumer handed over for a
+partition is settled in the database, everything below the consumer's
+position is settled or no record at all; that position is committed
+instead (see :meth:`Offsets.handed`).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 
+from kinbox.consume.envelope import Record
 from kinbox.errors import FatalTransportError, TransportError
 from kinbox.kafka.base import Partition, Transport
 
@@ -48,20 +57,62 @@ class Offsets:
         # Sent asynchronously and not answered yet: not sent again meanwhile.
         self._sent: dict[Partition, int] = {}
         self._fatal: FatalTransportError | None = None
+        # Per partition, for stepping over markers: the offset after the last
+        # record handed over, after the last one settled, and what this
+        # member last committed.
+        self._handed: dict[Partition, int] = {}
+        self._settled: dict[Partition, int] = {}
+        self._committed: dict[Partition, int] = {}
         self._last_warning = -_WARN_EVERY
+
+    def handed(self, records: Iterable[Record]) -> None:
+        """Note records the consumer handed over (every one a poll returned, run or not).
+
+        Until each is settled (:meth:`advance` past it) its partition's
+        position is never committed: a record put back or skipped could lie
+        below it.
+        """
+        for record in records:
+            tp = (record.topic, record.partition)
+            self._handed[tp] = max(self._handed.get(tp, 0), record.offset + 1)
 
     def advance(self, tp: Partition, next_offset: int) -> None:
         """Record that every event of ``tp`` below ``next_offset`` is committed in the DB."""
         # max(): an older result (a revoke's wait, then the loop) never moves it back.
         self._pending[tp] = max(self._pending.get(tp, 0), next_offset)
+        self._settled[tp] = max(self._settled.get(tp, 0), next_offset)
 
     def forget(self, tp: Partition) -> None:
         """Drop ``tp``'s pending offset: the partition is no longer this member's."""
-        self._pending.pop(tp, None)
-        self._sent.pop(tp, None)
+        for known in (self._pending, self._sent, self._handed, self._settled, self._committed):
+            known.pop(tp, None)
+
+    def _due(self, partitions: Iterable[Partition] | None = None) -> dict[Partition, int]:
+        """What to commit now (of ``partitions``, default all): pending, or past markers."""
+        wanted = None if partitions is None else set(partitions)
+        due = {tp: o for tp, o in self._pending.items() if wanted is None or tp in wanted}
+        # Partitions whose every handed-over record is settled in the database.
+        idle = [
+            tp
+            for tp, settled in self._settled.items()
+            if settled >= self._handed.get(tp, 0) and (wanted is None or tp in wanted)
+        ]
+        if not idle:
+            return due
+        try:
+            positions = self._transport.positions(idle)
+        except FatalTransportError:
+            raise
+        except TransportError as exc:
+            log.debug("reading positions failed, committing without them: %s", exc)
+            return due
+        for tp, position in positions.items():
+            if position > max(due.get(tp, 0), self._committed.get(tp, 0)):
+                due[tp] = position
+        return due
 
     def commit(self) -> None:
-        """Send every pending offset not already on its way, asynchronously.
+        """Send every offset due and not already on its way, asynchronously.
 
         Raises:
             FatalTransportError: the consumer is fatally broken (refused now,
@@ -70,7 +121,7 @@ class Offsets:
         """
         if self._fatal is not None:
             raise self._fatal
-        offsets = {tp: o for tp, o in self._pending.items() if self._sent.get(tp) != o}
+        offsets = {tp: o for tp, o in self._due().items() if self._sent.get(tp) != o}
         if not offsets:
             return
         try:
@@ -94,10 +145,11 @@ class Offsets:
         no longer owns was forgotten, so nothing of it is retried.
         """
         for tp, offset in offsets.items():
-            if self._sent.get(tp) == offset:
-                del self._sent[tp]
-            if error is None and self._pending.get(tp) == offset:
-                del self._pending[tp]
+            if self._sent.get(tp) != offset:
+                continue  # forgotten meanwhile, or a later offset is on its way
+            del self._sent[tp]
+            if error is None:
+                self._confirmed(tp, offset)
         if isinstance(error, FatalTransportError):
             self._fatal = error
         elif error is not None:
@@ -106,14 +158,14 @@ class Offsets:
             self._last_warning = -_WARN_EVERY
 
     def commit_now(self) -> None:
-        """Commit every pending offset synchronously (at shutdown); on failure keep them.
+        """Commit every offset due synchronously (at shutdown); on failure keep them.
 
         Raises:
             FatalTransportError: the consumer is fatally broken.
         """
-        if not self._pending:
+        offsets = self._due()
+        if not offsets:
             return
-        offsets = dict(self._pending)
         try:
             self._transport.commit(offsets)
         except FatalTransportError:
@@ -123,13 +175,11 @@ class Offsets:
             return
         self._last_warning = -_WARN_EVERY
         for tp, offset in offsets.items():
-            # A batch may have advanced it meanwhile (from a revoke's wait).
-            if self._pending.get(tp) == offset:
-                del self._pending[tp]
+            self._confirmed(tp, offset)
 
     def commit_leaving(self, partitions: Iterable[Partition]) -> None:
-        """Commit the pending offsets of ``partitions`` once, synchronously, as they are revoked."""
-        offsets = {tp: self._pending[tp] for tp in partitions if tp in self._pending}
+        """Commit the offsets due of ``partitions`` once, synchronously, as they are revoked."""
+        offsets = self._due(partitions)
         if not offsets:
             return
         try:
@@ -139,6 +189,13 @@ class Offsets:
             # commit onto the next owner. It re-reads from the last committed
             # offset and the inbox suppresses the repeats.
             log.warning("offset commit on revoke dropped: %s", exc)
+
+    def _confirmed(self, tp: Partition, offset: int) -> None:
+        """The broker holds ``offset`` for ``tp``: it is no longer pending."""
+        self._committed[tp] = max(self._committed.get(tp, 0), offset)
+        # A batch may have advanced it meanwhile (from a revoke's wait).
+        if self._pending.get(tp, offset) <= offset:
+            self._pending.pop(tp, None)
 
     def _warn(self, exc: TransportError) -> None:
         now = time.monotonic()

@@ -17,8 +17,10 @@ lost meanwhile.
 
 A partition that failed backs off (:mod:`kinbox.consume.backoff`): paused, rewound
 to the failed offset and resumed after the policy's delay, while the loop
-keeps polling. This module owns the loop, the assignment and the rebalance
-callbacks, and wires those pieces together.
+keeps polling. When the handler fails for event after event, the circuit
+breaker (:mod:`kinbox.consume.breaker`) pauses every partition for a while
+and then lets one event through. This module owns the loop, the assignment
+and the rebalance callbacks, and wires those pieces together.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from kinbox.apply.outcome import BatchResult
 from kinbox.apply.policy import FailurePolicy, RetryPolicy
 from kinbox.config import Settings
 from kinbox.consume.backoff import Backoff
+from kinbox.consume.breaker import Breaker, State
 from kinbox.consume.envelope import Record
 from kinbox.consume.inflight import HOLD_AFTER, InFlight
+from kinbox.consume.lag import LagBoard
 from kinbox.consume.lanes import Lanes
 from kinbox.consume.offsets import Offsets
 from kinbox.errors import ConfigurationError, FatalTransportError, TransportError
@@ -70,6 +74,8 @@ class Runner:
         executor: runs the batches; by default a thread pool of
             ``settings.pool_size``. :class:`kinbox.testing.InlineExecutor`
             applies each batch inside :meth:`turn`, for deterministic tests.
+        lag: the consumer's lag per partition, filled by ``transport``;
+            handed to the middleware (:class:`~kinbox.middleware.base.WorkerInfo`).
     """
 
     def __init__(
@@ -83,6 +89,7 @@ class Runner:
         publisher: Publisher | None = None,
         dead_letter_limits: Mapping[str, int] | None = None,
         executor: Executor | None = None,
+        lag: LagBoard | None = None,
     ) -> None:
         if not app.routes:
             raise ConfigurationError(f"{app!r} has no handlers: decorate one with @handler")
@@ -91,6 +98,7 @@ class Runner:
         self._transport = transport
         self._store = store
         self._publisher = publisher
+        self._lag = lag
         self._processor = BatchProcessor(
             app.routes,
             store,
@@ -109,6 +117,7 @@ class Runner:
         self._backoff = Backoff(
             transport, policy or RetryPolicy(settings.retry_initial, settings.retry_max), clock
         )
+        self._breaker = Breaker(transport, settings.breaker_failures, settings.breaker_pause, clock)
         # Up to four batches wait per partition, sixteen in all: the next
         # batch of every partition is fetched already when its batch ends.
         most = settings.batch_max_messages
@@ -139,7 +148,9 @@ class Runner:
                 already committed stay valid; a restart resumes from them.
             TransportError: Kafka refused the subscription.
         """
-        worker = WorkerInfo(self._settings.group_id, tuple(self._app.topics))
+        worker = WorkerInfo(
+            self._settings.group_id, tuple(self._app.topics), self._settings, self._lag
+        )
         chain = Chain(self._app.middleware)
         try:
             chain.before_worker_start(worker)
@@ -226,7 +237,8 @@ class Runner:
         Public so tests can step the loop (with an inline executor, every
         batch started in a turn is also settled in it).
         """
-        self._backoff.resume_due()
+        if self._breaker.gate(self._assigned, self._backoff.paused):
+            self._backoff.resume_due()
         busy = len(self._inflight) > 0
         # With batches in flight, a poll must not wait: a batch ending is
         # what there is to do next, and wait() wakes for it at once.
@@ -290,7 +302,7 @@ class Runner:
     # -- internals --
 
     def _release(self, partitions: list[Partition]) -> None:
-        held = self._lanes.held
+        held = self._lanes.held | self._breaker.held
         paused = [tp for tp in partitions if tp in self._backoff.paused or tp in held]
         if paused:
             try:
@@ -309,8 +321,10 @@ class Runner:
         self._lanes.held.discard(tp)
         self._offsets.forget(tp)
         self._backoff.forget(tp)
+        self._breaker.forget(tp)
 
     def _take(self, records: list[Record]) -> None:
+        self._offsets.handed(records)
         by_partition: dict[Partition, list[Record]] = {}
         for record in records:
             by_partition.setdefault((record.topic, record.partition), []).append(record)
@@ -337,12 +351,29 @@ class Runner:
                 break
             if tp in self._inflight or tp in self._backoff.paused:
                 continue
-            batch = self._lanes.take(tp, self._settings.batch_max_messages)
+            batch = self._admitted(tp)
+            if not batch:
+                continue
             attempt = self._backoff.attempt(tp, batch[0].offset)
             self._inflight.submit(tp, partial(self._processor.process, batch, attempt))
             started = True
-        self._lanes.unhold(keep_paused=self._backoff.paused)
+        self._lanes.unhold(keep_paused={*self._backoff.paused, *self._breaker.held})
         return started
+
+    def _admitted(self, tp: Partition) -> list[Record]:
+        """The next batch of ``tp``'s lane, as far as the circuit breaker lets it run.
+
+        A breaker open or half-open takes the whole lane: what it does not
+        let through (all, or all but its probe) it rewinds and pauses, so
+        those records come again when it closes.
+        """
+        if self._breaker.state is State.CLOSED:
+            return self._lanes.take(tp, self._settings.batch_max_messages)
+        lane = self._lanes.take(tp, self._lanes.waiting(tp))
+        batch = self._breaker.admit({tp: lane}).get(tp, [])
+        if tp in self._breaker.held:
+            self._lanes.held.discard(tp)  # paused by the breaker now, not for a full lane
+        return batch
 
     def _settle_finished(self) -> bool:
         finished = self._inflight.finished()
@@ -362,6 +393,7 @@ class Runner:
             self._backoff.fail(tp, result.failure)
 
     def _advance(self, tp: Partition, result: BatchResult) -> None:
+        self._breaker.observe(result)
         if result.next_offset is not None:
             self._offsets.advance(tp, result.next_offset)
             self._backoff.advanced(tp, result.next_offset)

@@ -1,5 +1,7 @@
-"""A single-node Apache Kafka broker (KRaft, broker + controller) on loopback.
+"""An Apache Kafka node (KRaft, broker + controller in one JVM) on loopback.
 
+Alone it is a single-node cluster, the local stack's default; three of them
+with one controller quorum are :class:`kinbox.devstack.cluster.KafkaCluster`.
 The JVM runs from the jars of :mod:`kinbox.devstack.kafka_jars`. The broker can
 be killed, paused and restarted on the same ports and data, which the fault
 tests need; its advertised port can differ from its listening port, so a TCP
@@ -37,6 +39,11 @@ _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
 """
 
 
+def new_cluster_id() -> str:
+    """A fresh KRaft cluster id (22 characters, as ``kafka-storage random-uuid`` prints)."""
+    return uuid.uuid4().hex[:22]
+
+
 def _properties(settings: dict[str, str]) -> str:
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
@@ -48,22 +55,40 @@ class KafkaBroker(LocalService):
         advertised_port: the port clients are told to use (a fault proxy's);
             defaults to the listening port.
         settings: extra ``server.properties`` entries.
+        node_id: this node's id in its cluster.
+        controller_port: its controller listener's port (a free one by default).
+        voters: the cluster's ``controller.quorum.voters``; by default this
+            node alone.
+        cluster_id: the id its storage is formatted with (every node of one
+            cluster shares it); a fresh one by default.
+        heap: the JVM's largest heap (``-Xmx``).
     """
 
     def __init__(
-        self, *, advertised_port: int | None = None, settings: dict[str, str] | None = None
+        self,
+        *,
+        advertised_port: int | None = None,
+        settings: dict[str, str] | None = None,
+        node_id: int = 1,
+        controller_port: int | None = None,
+        voters: str | None = None,
+        cluster_id: str | None = None,
+        heap: str = "768m",
     ) -> None:
         self.classpath, self.version = broker_classpath()
+        self.node_id = node_id
         self.port = free_port()
-        self.controller_port = free_port()
+        self.controller_port = controller_port or free_port()
         self.advertised_port = advertised_port or self.port
+        self._voters = voters or f"{node_id}@127.0.0.1:{self.controller_port}"
+        self._cluster_id = cluster_id or new_cluster_id()
         super().__init__("kinbox-kafka-")
         self._config = self._base / "server.properties"
         self._formatted = False
         log_config = self._base / "log4j2.xml"
         log_config.write_text(_LOG4J2_XML)
         self._jvm = [
-            "java", "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",
+            "java", "-Xms256m", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",
             "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log_config}",
             "-cp", self.classpath,
         ]  # fmt: skip
@@ -72,7 +97,7 @@ class KafkaBroker(LocalService):
     def _settings(self, extra: dict[str, str]) -> dict[str, str]:
         return {
             "process.roles": "broker,controller",
-            "node.id": "1",
+            "node.id": str(self.node_id),
             "listeners": (
                 f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
             ),
@@ -80,7 +105,7 @@ class KafkaBroker(LocalService):
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "controller.quorum.voters": self._voters,
             "log.dirs": str(self._base / "data"),
             "num.partitions": "3",
             "auto.create.topics.enable": "true",
@@ -108,9 +133,8 @@ class KafkaBroker(LocalService):
         return f"127.0.0.1:{self.advertised_port}"
 
     def _format_storage(self) -> None:
-        cluster_id = uuid.uuid4().hex[:22]
         result = subprocess.run(
-            [*self._jvm, _STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(self._config)],
+            [*self._jvm, _STORAGE_TOOL, "format", "-t", self._cluster_id, "-c", str(self._config)],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if result.returncode != 0:
@@ -122,15 +146,31 @@ class KafkaBroker(LocalService):
 
     def start(self, timeout: float = 90.0) -> KafkaBroker:
         """Start the broker (formatting storage the first time); wait until it serves metadata."""
+        self.launch()
+        self.wait_ready(timeout)
+        return self
+
+    def launch(self) -> None:
+        """Start the JVM (formatting storage the first time) without waiting for it.
+
+        The nodes of a cluster are launched together: none serves metadata
+        before a majority of the controller quorum runs.
+        """
         if shutil.which("java") is None:
             raise ServiceError("`java` (17 or newer) is needed to run the Kafka broker")
         if not self._formatted:
             self._format_storage()
         self._process = ServiceProcess(
-            "kafka", [*self._jvm, _MAIN, str(self._config)], log_path=self._base / "broker.log"
+            f"kafka node {self.node_id}",
+            [*self._jvm, _MAIN, str(self._config)],
+            log_path=self._base / "broker.log",
         )
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        """Wait until the launched broker serves metadata (fail if it exits first)."""
+        if self._process is None:
+            raise ServiceError("the Kafka broker was never launched")
         self._process.wait_until(self._serves_metadata, timeout=timeout, what="serving metadata")
-        return self
 
     def _serves_metadata(self) -> bool:
         if not port_open(self.port):

@@ -8,6 +8,8 @@
 ``reader``         :func:`read_topic`: a topic from its start, for replay
 ``admin``          :func:`~kinbox.kafka.admin.check_dead_letter_topics`:
                    dead-letter topics exist and take writes, before the start
+``inspect``        groups, offsets, record timestamps, topic retention: what
+                   ``kinbox status`` and the retention guards ask the broker
 ``errors``         fatal errors, refused configuration, ``KafkaException`` →
                    :class:`~kinbox.errors.TransportError`
 =================  ==========================================================

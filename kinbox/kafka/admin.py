@@ -101,8 +101,11 @@ def check_dead_letter_topics(
     missing = sorted({dlq for dlq in targets.values() if dlq not in topics})
     sources = sorted(set(targets) | set(targets.values()))
     limits = _max_bytes(admin, [t for t in sources if t in topics], deadline)
-    created = _create(admin, missing, targets, topics, limits, deadline)
-    limits.update(_max_bytes(admin, created, deadline))
+    created, meanwhile = _create(admin, missing, targets, topics, limits, deadline)
+    # A topic another member created meanwhile (members of one worker start
+    # together) is as new as one created here: the cluster may not know it yet.
+    _wait_until_known(admin, created + meanwhile, deadline)
+    limits.update(_max_bytes(admin, created + meanwhile, deadline))
     _check_writable(admin, sorted(set(targets.values())), deadline)
     found = {}
     for source, dlq in targets.items():
@@ -148,6 +151,30 @@ def _wait_for_metadata(admin: AdminClient, deadline: float) -> dict[str, int]:
             time.sleep(1.0)
 
 
+def _wait_until_known(admin: AdminClient, topics: list[str], deadline: float) -> None:
+    """Wait until the cluster's metadata has the topics just created.
+
+    CreateTopics returns before every broker knows the new topic; asked
+    about it at once, a broker answers UNKNOWN_TOPIC_OR_PART.
+    """
+    pending = set(topics)
+    while pending:
+        try:
+            meta = admin.list_topics(timeout=min(5.0, _remaining(deadline)))
+            pending -= {name for name, t in meta.topics.items() if t.error is None}
+        except KafkaException as exc:
+            log.debug("waiting for the new dead-letter topics in the metadata: %s", exc)
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise TransportError(
+                f"created dead-letter topic(s) {sorted(pending)}, but the cluster does not "
+                "know them yet",
+                retriable=True,
+            )
+        time.sleep(0.2)
+
+
 def _max_bytes(admin: AdminClient, topics: list[str], deadline: float) -> dict[str, int]:
     if not topics:
         return {}
@@ -176,9 +203,10 @@ def _create(
     partitions: Mapping[str, int],
     limits: Mapping[str, int],
     deadline: float,
-) -> list[str]:
+) -> tuple[list[str], list[str]]:
+    """Create the ``missing`` topics; return those created and those another client created."""
     if not missing:
-        return []
+        return [], []
     source_of = {dlq: source for source, dlq in targets.items()}
     new = []
     for dlq in missing:
@@ -188,14 +216,16 @@ def _create(
             config[_MAX_BYTES] = str(limits[source] + HEADROOM_BYTES)
         # -1: the broker's defaults (num.partitions, default.replication.factor).
         new.append(NewTopic(dlq, partitions.get(source, -1), -1, config=config))
-    created = []
+    created: list[str] = []
+    meanwhile: list[str] = []
     for name, future in admin.create_topics(new, request_timeout=_remaining(deadline)).items():
         try:
             future.result(timeout=_remaining(deadline))
         except KafkaException as exc:
             err = _error(exc)
             if err is not None and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                continue  # another member created it meanwhile
+                meanwhile.append(name)  # another member created it meanwhile
+                continue
             if err is not None and err.code() in _REFUSED:
                 raise ConfigurationError(
                     f"dead-letter topic {name!r} (of {source_of[name]!r}) does not exist and "
@@ -205,7 +235,7 @@ def _create(
             raise translate(f"creating dead-letter topic {name!r}", exc) from exc
         log.info("created dead-letter topic %r for %r", name, source_of[name])
         created.append(name)
-    return created
+    return created, meanwhile
 
 
 def _error(exc: KafkaException) -> KafkaError | None:
@@ -213,15 +243,38 @@ def _error(exc: KafkaException) -> KafkaError | None:
 
 
 def _check_writable(admin: AdminClient, topics: list[str], deadline: float) -> None:
+    pending = topics
+    while pending:
+        pending = _check_writable_once(admin, pending, deadline)
+        if pending:
+            time.sleep(0.2)
+
+
+def _check_writable_once(admin: AdminClient, topics: list[str], deadline: float) -> list[str]:
+    """Check ``topics``; return those a broker did not know yet, to ask again (until deadline).
+
+    A topic just created is unknown to some brokers of a cluster for a
+    moment, and the broker answering need not be the one that listed it:
+    also one another member created at the same moment (this one's
+    creation then found it existing, and did not wait for it).
+    """
     try:
         futures = admin.describe_topics(TopicCollection(topics), include_authorized_operations=True)
     except KafkaException as exc:
         raise translate("describing the dead-letter topics", exc) from exc
+    unknown = []
     for name, future in futures.items():
         try:
             description = future.result(timeout=_remaining(deadline))
         except KafkaException as exc:
             err = _error(exc)
+            if (
+                err is not None
+                and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                and time.monotonic() < deadline
+            ):
+                unknown.append(name)
+                continue
             if err is not None and err.code() in _REFUSED:
                 raise ConfigurationError(
                     f"not authorized to use dead-letter topic {name!r}: {err.str()} "
@@ -236,3 +289,4 @@ def _check_writable(admin: AdminClient, topics: list[str], deadline: float) -> N
                 f"not authorized to write to dead-letter topic {name!r}: a poison event "
                 "could never be dead-lettered; grant WRITE on it"
             )
+    return unknown

@@ -68,6 +68,15 @@ class Transport(Protocol):
     def seek(self, partition: Partition, offset: int) -> None:
         """Read ``partition`` from ``offset`` next."""
 
+    def positions(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
+        """The next offset the consumer reads, per partition (those without one left out).
+
+        It is past every record the consumer handed over and every offset it
+        stepped over without one: a transaction's commit or abort marker, an
+        aborted record, a record compaction removed. After a seek it is
+        unknown until a record from there has been handed over.
+        """
+
     def close(self) -> None:
         """Leave the group (revoke callbacks run) and release the client."""
 

@@ -10,6 +10,13 @@ asynchronously while it runs, synchronously on revoke and at shutdown;
 nothing in librdkafka commits on its own (auto-commit would also commit on
 revoke, including partitions whose batch was rolled back).
 
+Isolation: ``read_committed``. A transactional producer's records reach the
+handlers only once their transaction committed; aborted ones never do. The
+consumer reads up to the partition's *last stable offset*: behind a
+transaction still open it waits (polling, without error), and the offsets it
+commits step over the transaction markers, which take an offset each but are
+no record.
+
 Prefetch: librdkafka fetches ahead into a local queue, by default up to
 64 MiB (``queued.max.messages.kbytes``) and 100,000 records per partition
 (``queued.min.messages``), with fetch responses of up to 50 MiB
@@ -17,13 +24,17 @@ Prefetch: librdkafka fetches ahead into a local queue, by default up to
 time and keeps at most a couple of batches per partition waiting, so most
 of that queue would only be memory: :data:`PREFETCH` sets smaller limits
 (still a few batches ahead of every partition). ``-X`` overrides them.
+
+Every call into the client runs under a :class:`~kinbox.kafka.watch.CallWatch`:
+a synchronous commit can wait forever inside librdkafka, and then the worker
+must say so, and end, rather than stall in silence.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from confluent_kafka import (
@@ -38,9 +49,12 @@ from confluent_kafka import (
 from kinbox import describe as text
 from kinbox.config import Settings
 from kinbox.consume.envelope import Record
+from kinbox.consume.lag import LagBoard
 from kinbox.errors import FatalTransportError
 from kinbox.kafka.base import Partition, RebalanceListener
-from kinbox.kafka.errors import broken, create_client, describe, is_fatal, translate
+from kinbox.kafka.errors import ClientLog, broken, create_client, describe, is_fatal, translate
+from kinbox.kafka.stats import DEFAULT_INTERVAL_MS, on_stats
+from kinbox.kafka.watch import CallWatch
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +78,14 @@ PREFETCH: dict[str, int] = {
 """kinbox's prefetch limits for the consumer (librdkafka's own defaults are larger)."""
 
 
-def consumer_config(settings: Settings) -> dict[str, Any]:
-    """Return the librdkafka configuration for ``settings``; ``-X`` overrides win."""
+def consumer_config(settings: Settings, lag: LagBoard | None = None) -> dict[str, Any]:
+    """Return the librdkafka configuration for ``settings``; ``-X`` overrides win.
+
+    With ``lag``, librdkafka reports its statistics every
+    :data:`~kinbox.kafka.stats.DEFAULT_INTERVAL_MS` (``-X
+    statistics.interval.ms`` changes it, 0 turns it off) and each report's
+    partition lags go to the board.
+    """
     overrides = dict(settings.kafka_overrides)
     config: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
@@ -74,6 +94,11 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         "enable.auto.offset.store": False,
         # A new group must not skip events published before it first joined.
         "auto.offset.reset": "earliest",
+        # Never hand a handler a record of a transaction its producer aborted
+        # (or has not committed yet): an aborted record was never published.
+        # librdkafka's default too, but kinbox's guarantees rest on it, so it
+        # is set here, visibly; -X isolation.level=read_uncommitted overrides.
+        "isolation.level": "read_committed",
         "max.poll.interval.ms": int(settings.max_poll_interval * 1000),
         "logger": logging.getLogger("kinbox.kafka"),
         **PREFETCH,
@@ -85,6 +110,9 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         # Cooperative: a rebalance moves only the partitions that change
         # owner, so the others keep flowing.
         config["partition.assignment.strategy"] = "cooperative-sticky"
+    if lag is not None:
+        config["statistics.interval.ms"] = DEFAULT_INTERVAL_MS
+        config["stats_cb"] = on_stats(lag.update)
     config.update(overrides)
     return config
 
@@ -92,19 +120,38 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
 class KafkaTransport:
     """:class:`Transport` on a confluent-kafka ``Consumer``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        lag: LagBoard | None = None,
+        on_wedged: Callable[[str], None] | None = None,
+    ) -> None:
         """Create the consumer (it joins the group at :meth:`subscribe`).
+
+        Args:
+            settings: the worker's settings.
+            lag: where each statistics report's partition lags go (see
+                :func:`consumer_config`); ``None``: no statistics.
+            on_wedged: called when a call into the client has not returned for
+                twice the poll interval (see :mod:`kinbox.kafka.watch`);
+                ``None`` only warns. ``kinbox worker`` exits there.
 
         Raises:
             ConfigurationError: librdkafka refused the configuration (``-X``).
         """
-        config = consumer_config(settings)
+        config = consumer_config(settings, lag)
+        self._log = ClientLog(config["logger"])
+        config["logger"] = self._log
         # Only stored here: the binding may call it with an exception pending
         # (see kinbox.kafka.errors); poll() reads the outcomes after consume().
         config["on_commit"] = self._on_commit
         self._consumer = create_client(Consumer, config, "the consumer")
         self._listener: RebalanceListener | None = None
         self._answers: list[tuple[KafkaError | None, list[TopicPartition]]] = []
+        # A call may last a revoke's wait and a commit; one past the poll
+        # interval has cost the member its place in the group already.
+        interval = settings.effective_max_poll_interval
+        self._watch = CallWatch(interval, 2 * interval, on_wedged)
 
     def _on_commit(self, err: KafkaError | None, parts: list[TopicPartition]) -> None:
         self._answers.append((err, parts))
@@ -135,6 +182,7 @@ class KafkaTransport:
             )
         except KafkaException as exc:
             raise translate(f"subscribing to {list(topics)!r}", exc) from exc
+        self._watch.start()
 
     def poll(self, max_messages: int, timeout: float) -> list[Record]:
         """See :meth:`Transport.poll`; error events are logged, fatal ones raised.
@@ -149,13 +197,16 @@ class KafkaTransport:
                 event carries code ``_FATAL`` and the reason in its text.
         """
         try:
-            messages = self._consumer.consume(1, timeout)
-            if messages and max_messages > 1:
-                messages += self._consumer.consume(max_messages - 1, 0)
+            with self._watch.call("polling"):
+                # Wait for the first record only, then take what is buffered:
+                # at low load a poll never waits to fill a batch.
+                messages = self._consumer.consume(1, timeout)
+                if messages and max_messages > 1:
+                    messages += self._consumer.consume(max_messages - 1, 0)
         except KafkaException as exc:
             raise translate("consuming", exc) from exc
         except SystemError as exc:
-            raise FatalTransportError(f"consuming: {broken(exc)}") from exc
+            raise FatalTransportError(f"consuming: {broken(exc, self._log)}") from exc
         finally:
             self._answer()
         records = []
@@ -176,12 +227,15 @@ class KafkaTransport:
         parts = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         if asynchronous:
             try:
-                self._consumer.commit(offsets=parts, asynchronous=True)
+                with self._watch.call(f"committing {dict(offsets)} (asynchronously)"):
+                    self._consumer.commit(offsets=parts, asynchronous=True)
             except KafkaException as exc:
                 raise translate(f"committing {dict(offsets)}", exc) from exc
             return
         try:
-            result = self._consumer.commit(offsets=parts, asynchronous=False)
+            # No timeout in the binding: the watch is what bounds this wait.
+            with self._watch.call(f"committing {dict(offsets)}"):
+                result = self._consumer.commit(offsets=parts, asynchronous=False)
         except KafkaException as exc:
             if exc.args and exc.args[0].code() == KafkaError._NO_OFFSET:
                 return
@@ -225,12 +279,29 @@ class KafkaTransport:
     def seek(self, partition: Partition, offset: int) -> None:
         """See :meth:`Transport.seek`."""
         try:
-            self._consumer.seek(TopicPartition(partition[0], partition[1], offset))
+            with self._watch.call(f"seeking {partition}@{offset}"):
+                self._consumer.seek(TopicPartition(partition[0], partition[1], offset))
         except KafkaException as exc:
             raise translate(f"seeking {partition}@{offset}", exc) from exc
 
+    def positions(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
+        """See :meth:`Transport.positions`: librdkafka's application position.
+
+        librdkafka moves it past the transaction markers it serves in a poll
+        (since 1.4), which no committed ``last offset + 1`` ever reaches.
+        """
+        if not partitions:
+            return {}
+        try:
+            with self._watch.call(f"reading the positions of {list(partitions)}"):
+                parts = self._consumer.position([TopicPartition(t, p) for t, p in partitions])
+        except KafkaException as exc:
+            raise translate(f"reading the positions of {list(partitions)}", exc) from exc
+        return {(tp.topic, tp.partition): tp.offset for tp in parts if tp.offset >= 0}
+
     def close(self) -> None:
         """See :meth:`Transport.close`."""
+        self._watch.stop()  # close may outlast the watch's bound; the shutdown timer has it
         try:
             self._consumer.close()
         # SystemError: a fatal error met while close() ran a rebalance callback
@@ -240,7 +311,8 @@ class KafkaTransport:
 
     def _call(self, what: str, method: Any, partitions: Sequence[Partition]) -> None:
         try:
-            method([TopicPartition(t, p) for t, p in partitions])
+            with self._watch.call(f"{what} {list(partitions)}"):
+                method([TopicPartition(t, p) for t, p in partitions])
         except KafkaException as exc:
             raise translate(f"{what} {list(partitions)}", exc) from exc
 

@@ -25,6 +25,11 @@ one of them says ``fatal()``:
   confluent-kafka 2.16, "returned NULL without setting an exception" and no
   cause at all. Either way the binding lost track of its own state, so a
   ``SystemError`` from a client call counts as a fatally broken client too.
+  Which of the two happens depends on the order librdkafka queued the
+  error event and the delivery report in, so it varies from run to run. In
+  the second case the reason is lost to Python but librdkafka has logged
+  it (facility ``FATAL``): :class:`ClientLog` is the logger kinbox gives
+  every client, and it remembers that line, so the reason is never lost.
 
 :func:`is_fatal`, :func:`fatal_error` and :func:`broken` recognise all of
 these; nothing else in kinbox or producer_outbox decides what is fatal.
@@ -44,6 +49,7 @@ This module imports nothing of kinbox but the error tree, so
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -91,18 +97,42 @@ def fatal_error(exc: BaseException | None) -> KafkaError | None:
     return None
 
 
-def broken(exc: BaseException) -> str | None:
+def broken(exc: BaseException, log: ClientLog | None = None) -> str | None:
     """Why ``exc``, raised by a client call, means that client is unusable; ``None`` if not.
 
     A fatal error anywhere in its chain (its reason), or a ``SystemError``
-    from the binding (see the module doc).
+    from the binding (see the module doc): then the reason librdkafka logged,
+    if the client's ``log`` saw one.
     """
     err = fatal_error(exc)
     if err is not None:
         return describe(err)
     if isinstance(exc, SystemError):
+        if log is not None and log.fatal is not None:
+            return f"{log.fatal} (as librdkafka logged it; the binding raised {exc})"
         return f"the confluent-kafka binding failed after a client error: {exc}"
     return None
+
+
+class ClientLog:
+    """The logger a client writes to (``logger`` in its configuration), remembering its fatal error.
+
+    confluent-kafka calls ``log(level, "%s [%s] %s", facility, client, text)``
+    for each line librdkafka logs; this forwards it to ``logger`` and keeps
+    the text of the last ``FATAL`` line, which :func:`broken` reports when
+    the binding lost the error itself.
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+        self.fatal: str | None = None
+        """The last fatal error librdkafka logged for the client."""
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        """Forward one librdkafka log line; remember it if it is a fatal error."""
+        if len(args) == 3 and args[0] == "FATAL":
+            self.fatal = str(args[2])
+        self._logger.log(level, msg, *args)
 
 
 def describe(err: KafkaError) -> str:

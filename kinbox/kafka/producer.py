@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from kinbox.config import Settings
 from kinbox.errors import TransportError
-from kinbox.kafka.errors import broken, create_client, describe, is_fatal, translate
+from kinbox.kafka.errors import ClientLog, broken, create_client, describe, is_fatal, translate
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,10 @@ class KafkaPublisher:
             log.warning("closing the dead-letter producer: %s", exc)
 
     def _create(self) -> Producer:
-        return create_client(self._factory, self._config, "the dead-letter producer")
+        # A log per producer: the fatal reason it remembers is this one's.
+        self._log = ClientLog(logging.getLogger("kinbox.kafka"))
+        config = {**self._config, "logger": self._log}
+        return create_client(self._factory, config, "the dead-letter producer")
 
     def _guarded(self, what: str, call: Callable[[], int]) -> int:
         try:
@@ -163,7 +166,7 @@ class KafkaPublisher:
 
     def _failure(self, what: str, exc: KafkaException | SystemError) -> TransportError:
         """The error to raise for ``exc``; a fatal one replaces the producer first."""
-        reason = broken(exc)
+        reason = broken(exc, self._log)
         if reason is not None:
             return self._replace(what, reason)
         assert isinstance(exc, KafkaException)  # a SystemError is always `broken`

@@ -2,6 +2,8 @@
 
 =============  ================================================================
 ``base``       :class:`Middleware` (no-op hooks) and the chain that runs them
-``telemetry``  OpenTelemetry spans and metrics (the only module that imports it)
+``telemetry``  OpenTelemetry spans and metrics of batches and handler calls
+``spans``      the ``process <topic>`` span of a handler call: attributes, links, parent
+``meters``     the worker's instruments and what each records
 =============  ================================================================
 """

@@ -26,6 +26,10 @@ span or a context opened in one is always closed in the other.
     unchanged (re-raise it), because the failure policy judges exactly what
     the handler raised. A handler may be called again for the same event
     when its batch is redone (see :mod:`kinbox.apply.dispatch`).
+``after_step``
+    in reverse order, on the batch thread, after each claim of the batch's
+    event ids and each COMMIT (a batch redone or narrowed down has several
+    of each), with when it ran and what it found: a report, nothing to close.
 ``after_dead_letter``
     in reverse order, once per dead letter whose transaction committed (a
     rolled-back one is never reported).
@@ -50,11 +54,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from kinbox.apply.outcome import BatchResult
+from kinbox.apply.outcome import BatchResult, Step
 
 if TYPE_CHECKING:
     from kinbox.apply.deadletter import Letter
+    from kinbox.config import Settings
     from kinbox.consume.envelope import Record
+    from kinbox.consume.lag import LagBoard
     from kinbox.event import Event
 
 log = logging.getLogger(__name__)
@@ -69,10 +75,15 @@ class WorkerInfo:
     Attributes:
         group_id: the consumer group (also the inbox's dedup scope).
         topics: the topics the worker consumes, sorted.
+        settings: the worker's validated settings, when it has them.
+        lag: the consumer's lag per assigned partition, when the Kafka
+            client reports it (:mod:`kinbox.consume.lag`).
     """
 
     group_id: str
     topics: tuple[str, ...]
+    settings: Settings | None = None
+    lag: LagBoard | None = None
 
 
 class Middleware:
@@ -103,6 +114,9 @@ class Middleware:
     ) -> object:
         """Wrap one call of a batch handler; return ``call_next(events)``."""
         return call_next(events)
+
+    def after_step(self, step: Step) -> None:
+        """Called after each claim and each COMMIT of a batch's transaction (see :class:`Step`)."""
 
     def after_dead_letter(self, letter: Letter) -> None:
         """Called for a dead letter the broker acknowledged and the database recorded."""
@@ -137,6 +151,7 @@ class Chain:
         self._batch_layers = [
             m.around_events for m in self._forward if _overrides(m, "around_events")
         ]
+        self._step_layers = [m for m in self._backward if _overrides(m, "after_step")]
 
     def before_worker_start(self, worker: WorkerInfo) -> list[Middleware]:
         """Call every ``before_worker_start`` in order; return the layers that started.
@@ -186,6 +201,19 @@ class Chain:
         for layer in reversed(self._batch_layers):
             call = _wrap(layer, call)
         return call(events)
+
+    @property
+    def observes_steps(self) -> bool:
+        """Whether a layer wants :meth:`after_step` (the batch then times its steps)."""
+        return bool(self._step_layers)
+
+    def after_step(self, step: Step) -> None:
+        """Call every ``after_step`` in reverse order; log failures."""
+        for layer in self._step_layers:
+            try:
+                layer.after_step(step)
+            except Exception:
+                log.exception("middleware %r failed in after_step (ignored)", layer)
 
     def after_dead_letter(self, letter: Letter) -> None:
         """Call every ``after_dead_letter`` in reverse order; log failures."""

@@ -41,14 +41,16 @@ from kinbox.ops.lifeline import die_with_parent
 log = logging.getLogger("kinbox.supervisor")
 
 
-def supervise(target: str, flags: Mapping[str, Any], processes: int, log_level: str) -> int:
+def supervise(
+    target: str, flags: Mapping[str, Any], processes: int, log_level: str, log_format: str = "text"
+) -> int:
     """Run ``processes`` members of ``target`` until they stop; return the exit status."""
     ctx = multiprocessing.get_context("spawn")
     supervisor = os.getpid()
     members: list[BaseProcess] = [
         ctx.Process(
             target=member,
-            args=(target, dict(flags), log_level, index, supervisor),
+            args=(target, dict(flags), log_level, index, supervisor, log_format),
             name=f"kinbox-worker-{index}",
         )
         for index in range(processes)
@@ -96,14 +98,21 @@ def status(exitcode: int | None) -> int:
     return 128 - exitcode if exitcode < 0 else exitcode
 
 
-def member(target: str, flags: dict[str, Any], log_level: str, index: int, parent: int) -> None:
+def member(
+    target: str,
+    flags: dict[str, Any],
+    log_level: str,
+    index: int,
+    parent: int,
+    log_format: str = "text",
+) -> None:
     """One member: dies with ``parent``, loads the app, runs as group member ``index``."""
     # First: a supervisor that dies from here on takes this member with it.
     die_with_parent(signal.SIGTERM, parent)
     # Own process group: a terminal's Ctrl-C reaches only the supervisor,
     # which forwards one SIGTERM per signal (two would mean "exit at once").
     os.setpgid(0, 0)
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     from kinbox.ops.worker import run
 
     app, settings = guard(lambda: resolve_target(target, flags))

@@ -22,16 +22,28 @@ from typing import Any
 
 from kinbox.app import App, default_app
 from kinbox.config import Settings
+from kinbox.consume.lag import LagBoard
 from kinbox.consume.runner import Runner
 from kinbox.errors import ConfigurationError
 from kinbox.kafka import KafkaPublisher, KafkaTransport
 from kinbox.kafka.admin import check_dead_letter_topics
+from kinbox.kafka.base import Transport
+from kinbox.ops.health import Health, HealthServer, ObservedTransport
+from kinbox.otel.instruments import metrics_on
+from kinbox.otel.setup import configure as configure_telemetry
 from kinbox.store.postgres import PostgresInboxStore
+from kinbox.store.probe import ping
 
 log = logging.getLogger(__name__)
 
 EXIT_INTERRUPTED = 130
 """Exit status after a second signal or a shutdown timeout."""
+
+EXIT_WEDGED = 7
+"""Exit status when the Kafka client stopped returning: ``kinbox.cli.support.EXIT_FATAL``.
+
+(Repeated here: the CLI imports this module, not the other way round.)
+"""
 
 
 def load_app(target: str) -> App:
@@ -76,14 +88,25 @@ def resolve(target: str, flags: Mapping[str, Any], env: Mapping[str, str]) -> tu
 def run(app: App, settings: Settings) -> None:
     """Run one group member in this process until a signal stops it.
 
+    OpenTelemetry's SDK is set up first, from ``OTEL_*`` and
+    ``settings.metrics_port`` (:mod:`kinbox.otel.setup`), so the middleware
+    made below sees it.
+
     Raises:
-        ConfigurationError: librdkafka refused the configuration.
+        ConfigurationError: librdkafka refused the configuration, or the
+            telemetry asked for cannot be set up.
         FatalTransportError: the consumer failed fatally.
     """
+    turned_on = configure_telemetry("kinbox-worker", settings.metrics_port)
+    if turned_on:
+        log.info("OpenTelemetry: %s", "; ".join(turned_on))
+    # The consumer's lag comes from librdkafka's statistics: only asked for
+    # when an SDK takes the measurements.
+    lag = LagBoard() if metrics_on() else None
     # The Kafka clients first: creating them checks the librdkafka
     # configuration and connects to nothing, so a bad -X is reported as such
     # even while the database is unreachable.
-    transport = KafkaTransport(settings)
+    transport = KafkaTransport(settings, lag, on_wedged=_wedged)
     store = PostgresInboxStore(
         settings.database_url,
         schema=settings.schema,
@@ -108,10 +131,30 @@ def run(app: App, settings: Settings) -> None:
             publisher.close()
         transport.close()
         raise
-    runner = Runner(app, settings, transport, store, publisher=publisher, dead_letter_limits=limits)
+    health = _serve_health(settings)
+    observed: Transport = transport if health is None else ObservedTransport(transport, health[0])
+    runner = Runner(
+        app, settings, observed, store, publisher=publisher, dead_letter_limits=limits, lag=lag
+    )
     _install_signals(runner, settings.shutdown_timeout)
     log.info("starting with %r", settings)
-    runner.run()
+    try:
+        runner.run()
+    finally:
+        if health is not None:
+            health[1].close()
+
+
+def _serve_health(settings: Settings) -> tuple[Health, HealthServer] | None:
+    """``/livez`` and ``/readyz`` on ``settings.health_port``, if it is set."""
+    if not settings.health_port:
+        return None
+    health = Health(
+        settings.effective_live_timeout,
+        "partitions",
+        database=lambda: ping(settings.database_url),
+    )
+    return health, HealthServer(health, settings.health_port).start()
 
 
 def _install_signals(runner: Runner, timeout: float) -> None:
@@ -127,6 +170,18 @@ def _install_signals(runner: Runner, timeout: float) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+
+
+def _wedged(reason: str) -> None:
+    """The consumer is stuck inside librdkafka for good: exit, so a fresh client takes over.
+
+    The stuck call holds the polling thread, so nothing can be closed or
+    committed cleanly; offsets already committed stay valid and the inbox
+    suppresses whatever the next owner reads again.
+    """
+    log.error("exiting with status %d: %s", EXIT_WEDGED, reason)
+    logging.shutdown()
+    os._exit(EXIT_WEDGED)
 
 
 def _give_up(timeout: float) -> None:

@@ -10,5 +10,7 @@
 ``migrations``  applying versioned steps under an advisory lock (shared with
                 ``producer_outbox``)
 ``retention``   deleting old ``processed_events`` rows in bounded batches
+``inspect``     reading it for ``kinbox status`` and ``kinbox explain``, by index
+``probe``       is the database reachable (``/readyz``)
 ==============  ===============================================================
 """

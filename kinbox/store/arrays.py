@@ -29,5 +29,10 @@ def int_array(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
+def hex_array(values: Iterable[str | None]) -> str:
+    """A ``text[]`` literal of hexadecimal strings (nothing to quote) or NULLs."""
+    return "{" + ",".join("NULL" if v is None else v for v in values) + "}"
+
+
 def _escaped(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')

@@ -25,11 +25,12 @@ from kinbox.errors import SchemaError, StoreError
 from kinbox.event import Event
 from kinbox.names import sql_identifier
 from kinbox.store import migrations
-from kinbox.store.arrays import int_array, text_array
+from kinbox.store.arrays import hex_array, int_array, text_array
 from kinbox.store.base import InboxTransaction, first_occurrences
 from kinbox.store.checkout import Checkout
 from kinbox.store.errors import left_aborted, transient_cause, translate
 from kinbox.store.schema import INBOX
+from kinbox.traceparent import trace_id
 
 _INERROR = psycopg.pq.TransactionStatus.INERROR
 
@@ -69,14 +70,14 @@ class PostgresInboxStore:
         # that races.
         #
         # One partition's events at a time: topic and partition are plain
-        # parameters, the ids and offsets two array literals (see
-        # kinbox.store.arrays). The statements are rendered to bytes once,
-        # so psycopg converts each only once.
+        # parameters, the ids, offsets and trace ids three array literals
+        # (see kinbox.store.arrays). The statements are rendered to bytes
+        # once, so psycopg converts each only once.
         insert = (
             "INSERT INTO {}.processed_events"
-            ' (consumer, event_id, status, topic, partition, "offset")'
-            " SELECT %s, c.event_id, 'applied', %s, %s, c.off"
-            " FROM unnest(%s::text[], %s::bigint[]) AS c(event_id, off)"
+            ' (consumer, event_id, status, topic, partition, "offset", trace_id)'
+            " SELECT %s, c.event_id, 'applied', %s, %s, c.off, c.trace_id"
+            " FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS c(event_id, off, trace_id)"
             " ON CONFLICT (consumer, event_id) "
         )
         table = sql.Identifier(self._schema)
@@ -88,7 +89,7 @@ class PostgresInboxStore:
         reclaim = (
             insert + "DO UPDATE SET status = 'applied', topic = EXCLUDED.topic,"
             ' partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
-            " processed_at = now(), reason = NULL"
+            " processed_at = now(), reason = NULL, trace_id = EXCLUDED.trace_id"
             " WHERE processed_events.status = 'dead_lettered'"
             " RETURNING event_id"
         )
@@ -169,8 +170,15 @@ class _PostgresTransaction:
             partitions.setdefault((event.topic, event.partition), []).append(event)
         fresh: set[str] = set()
         for (topic, partition), group in partitions.items():
-            ids = text_array([e.id for e in group])
-            params = (self._consumer, topic, partition, ids, int_array(e.offset for e in group))
+            params = (
+                self._consumer,
+                topic,
+                partition,
+                text_array([e.id for e in group]),
+                int_array(e.offset for e in group),
+                # Parsed here, never failing: a malformed header stores NULL.
+                hex_array(trace_id(e.headers) for e in group),
+            )
             try:
                 rows = self._conn.execute(statement, params).fetchall()
             except psycopg.Error as exc:

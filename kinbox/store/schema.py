@@ -1,7 +1,10 @@
 """Migration steps of the inbox component: the ``processed_events`` table.
 
 Step 1 creates the table; step 2 adds ``reason`` (why a row is
-``dead_lettered`` or ``skipped``). Its primary key ``(consumer, event_id)`` *is* the
+``dead_lettered`` or ``skipped``); step 3 adds ``trace_id`` (the W3C trace id
+of the record that claimed the row, for ``kinbox explain``) and a partial
+index over the rows that are not ``applied`` (``kinbox status`` counts dead
+letters from it). Its primary key ``(consumer, event_id)`` *is* the
 dedup guarantee: the claim ``INSERT ... ON CONFLICT DO NOTHING`` of a second
 delivery conflicts with the first one's row (or waits for the first one's
 transaction, if it is still open) and drops out. Keying on the consumer group
@@ -52,5 +55,24 @@ def _add_reason(schema: sql.Identifier) -> list[sql.Composed]:
     ]
 
 
-INBOX = Component("inbox", [_create_processed_events, _add_reason])
+def _add_trace_id_and_verdict_index(schema: sql.Identifier) -> list[sql.Composed]:
+    return [
+        # Nullable and without a DEFAULT: adding it rewrites nothing, and a
+        # record without a valid traceparent header leaves it NULL.
+        sql.SQL("ALTER TABLE {}.processed_events ADD COLUMN IF NOT EXISTS trace_id text").format(
+            schema
+        ),
+        # Dead letters and skips only: the claim inserts 'applied' rows, which
+        # this index never holds, so the hot path does not pay for it; it lets
+        # `kinbox status` count a group's dead letters without reading all of
+        # its rows. Built inside the migration's transaction, it blocks writes
+        # to processed_events while it scans the table once.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS processed_events_verdict_idx"
+            " ON {}.processed_events (consumer, processed_at) WHERE status <> 'applied'"
+        ).format(schema),
+    ]
+
+
+INBOX = Component("inbox", [_create_processed_events, _add_reason, _add_trace_id_and_verdict_index])
 """The inbox component; ``kinbox migrate`` brings it to ``INBOX.version``."""

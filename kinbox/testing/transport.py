@@ -58,6 +58,7 @@ class FakeTransport:
         """The listener given to :meth:`subscribe`."""
         self._joining: list[Partition] = []  # assigned by the next poll
         self._answers: list[tuple[dict[Partition, int], TransportError | None]] = []
+        self._sought: set[Partition] = set()  # no position until a poll hands a record over
         self.closed = False
 
     def append(self, record: Record) -> None:
@@ -109,6 +110,7 @@ class FakeTransport:
             while self.position[tp] < len(log) and len(out) < max_messages:
                 out.append(log[self.position[tp]])
                 self.position[tp] += 1
+                self._sought.discard(tp)
         return out
 
     def commit(self, offsets: Mapping[Partition, int], *, asynchronous: bool = False) -> None:
@@ -133,6 +135,20 @@ class FakeTransport:
     def seek(self, partition: Partition, offset: int) -> None:
         """See :meth:`~kinbox.kafka.base.Transport.seek`."""
         self.position[partition] = offset
+        self._sought.add(partition)
+
+    def positions(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
+        """See :meth:`~kinbox.kafka.base.Transport.positions`: :attr:`position`, assigned only.
+
+        The fake's logs have no transaction markers: the position is past the
+        last record handed over. As librdkafka's, it is unknown after a seek
+        until a poll hands a record over from there.
+        """
+        return {
+            tp: self.position[tp]
+            for tp in partitions
+            if tp in self.assigned and tp not in self._sought
+        }
 
     def close(self) -> None:
         """See :meth:`~kinbox.kafka.base.Transport.close`: revokes what is assigned."""

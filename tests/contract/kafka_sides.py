@@ -15,8 +15,6 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
 from kinbox.config import Settings
 from kinbox.consume.envelope import Record
@@ -25,6 +23,7 @@ from kinbox.kafka.consumer import KafkaTransport
 from kinbox.kafka.producer import KafkaPublisher
 from kinbox.testing import FakePublisher, FakeTransport
 from tests.support.records import committed, read_topic
+from tests.support.topics import create_topic
 
 Headers = Sequence[tuple[str, bytes | None]]
 Sent = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
@@ -76,16 +75,6 @@ class FakeTransportSide:
         return {p: o for (t, p), o in self.fake.committed.items() if t == topic}
 
 
-def create_topic(bootstrap: str, partitions: int, **config: str) -> str:
-    """A fresh topic on the broker, with topic ``config`` (``max_message_bytes="1000"``)."""
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    settings = {key.replace("_", "."): value for key, value in config.items()}
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=settings)
-    admin.create_topics([topic])[name].result(timeout=30)
-    return name
-
-
 class KafkaTransportSide:
     """:class:`KafkaTransport` as a member of a group of its own, on the test broker."""
 
@@ -108,7 +97,7 @@ class KafkaTransportSide:
                 member.close()  # a second close() of a closed consumer is only logged
 
     def topic(self, partitions: int) -> str:
-        return create_topic(self._bootstrap, partitions)
+        return create_topic(self._bootstrap, partitions=partitions)
 
     def produce(self, topic: str, partition: int, values: Sequence[bytes]) -> None:
         producer = Producer({"bootstrap.servers": self._bootstrap, "enable.idempotence": True})
@@ -179,7 +168,9 @@ class KafkaPublisherSide:
         self.publisher: Publisher = KafkaPublisher(Settings(bootstrap_servers=bootstrap))
 
     def topic(self) -> str:
-        return create_topic(self._bootstrap, 1, max_message_bytes=str(self.LIMIT))
+        return create_topic(
+            self._bootstrap, partitions=1, config={"max.message.bytes": str(self.LIMIT)}
+        )
 
     def read(self, topic: str) -> list[Sent]:
         return [(r.key, r.value, list(r.headers)) for r in read_topic(self._bootstrap, topic)]

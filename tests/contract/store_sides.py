@@ -21,8 +21,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from kinbox.store.base import InboxStore, InboxTransaction
 from kinbox.store.postgres import PostgresInboxStore
 from kinbox.testing import FakeStore
+from tests.support.database import prepare_schema
 from tests.support.faultproxy import FaultProxy
-from tests.support.workers import prepare_schema
 
 CONSUMER = "contract-group"
 

@@ -3,7 +3,8 @@
 What the runner relies on (:mod:`kinbox.kafka.base`): subscribing brings the
 topic's partitions through the listener, a poll hands each partition's
 records over in offset order, a commit is what the group reads back, pause
-holds one partition while the others flow, seek rewinds, and close revokes.
+holds one partition while the others flow, seek rewinds, the position
+follows both, and close revokes.
 An asynchronous commit returns at once and its answer comes through a later poll.
 """
 
@@ -169,6 +170,23 @@ def test_seek_rewinds_a_partition(consumer: TransportSide) -> None:
     transport.seek((topic, 0), 2)
     again = poll_until(transport, lambda got: len(got) >= 3, "records after the seek")
     assert by_partition(again) == {0: [(2, b"a2"), (3, b"a3"), (4, b"a4")]}
+
+
+def test_the_position_follows_what_a_poll_handed_over_and_a_seek(
+    consumer: TransportSide,
+) -> None:
+    topic = consumer.topic(1)
+    consumer.produce(topic, 0, [b"a0", b"a1", b"a2"])
+    transport = consumer.transport()
+    transport.subscribe([topic], Heard())
+    poll_until(transport, lambda got: len(got) >= 3, "three records")
+    assert transport.positions([(topic, 0)]) == {(topic, 0): 3}
+    # A seek leaves no position until a record from there is handed over
+    transport.seek((topic, 0), 1)
+    assert transport.positions([(topic, 0)]) == {}
+    poll_until(transport, lambda got: len(got) >= 2, "the records after the seek")
+    assert transport.positions([(topic, 0)]) == {(topic, 0): 3}
+    assert transport.positions([(topic, 7)]) == {}  # not assigned: no position
 
 
 def test_close_revokes_what_the_member_owns(consumer: TransportSide) -> None:

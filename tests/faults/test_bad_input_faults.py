@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import re
 
-from kinbox.devstack.stack import Stack
-from tests.faults.conftest import Faults, Run
+from tests.support.fault_run import Run
 from tests.support.records import Headers, committed, dead_letter_id, read_topic
+from tests.support.scenario import scenario
 from tests.support.workers import read_deliveries
 
 EXIT_BAD_INPUT = 6
@@ -30,51 +30,44 @@ MALFORMED: dict[str, tuple[Headers, str]] = {
 }
 
 
-def test_poison_events_end_in_the_dead_letter_topic_only(faults: Faults, stack: Stack) -> None:
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "handler always fails some ids",
-            scenario="10 poison events",
-            bootstrap=stack.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            every = run.rng.choice([29, 41, 53])
-            max_attempts = run.rng.randint(2, 3)
-            produced = run.produce(duplicates=run.rng.randint(0, 10))
-            poison = frozenset(i for i in produced.ids if int(i.rsplit("-", 1)[1]) % every == 0)
-            run.expect_dead = poison
-            with run.sampling():
-                # Given a handler that can never apply every `every`-th event
-                worker = run.factory.start(
-                    "victim",
-                    env={"FAULT_POISON_EVERY": str(every), "FAULT_SLEEP": "0.001"},
-                    args=["--max-attempts", str(max_attempts)],
-                )
-                # Then the worker gives each up after max_attempts and moves on
-                run.wait_caught_up(worker)
-                assert worker.stop() == 0, worker.log_tail()
-            tries = read_deliveries(run.log_dir).attempts
-            outcome = run.finish()
-            # (finish() checked: only these are dead-lettered, once each, none applied)
-            positions: dict[str, set[tuple[int, int]]] = {}
-            for where, event_id in produced.records.items():
-                positions.setdefault(event_id, set()).add(where)
-            for letter in outcome.dead_letters:
-                event_id = dead_letter_id(letter)
-                origin = (
-                    int(letter.header("kinbox.dlq.partition") or -1),
-                    int(letter.header("kinbox.dlq.offset") or -1),
-                )
-                assert letter.header("kinbox.dlq.topic") == run.topic, letter
-                assert origin in positions[event_id], (origin, positions[event_id])
-                assert letter.header("kinbox.dlq.attempts") == str(max_attempts), letter
-                assert letter.header("kinbox.dlq.reason") == "handler-error", letter
-                assert letter.header("kinbox.dlq.error.type") == "PoisonError", letter
-                assert letter.header("kinbox.dlq.consumer") == run.group, letter
-                assert letter.value == b'{"n": 1}' and letter.header("event-id") == event_id
-                # Tried exactly max_attempts times, counted 1..max_attempts
-                assert tries[event_id] == list(range(1, max_attempts + 1)), tries[event_id]
+@scenario("10", "poison events", fault="handler always fails some ids")
+def test_poison_events_end_in_the_dead_letter_topic_only(run: Run) -> None:
+    every = run.rng.choice([29, 41, 53])
+    max_attempts = run.rng.randint(2, 3)
+    produced = run.produce(duplicates=run.rng.randint(0, 10))
+    poison = frozenset(i for i in produced.ids if int(i.rsplit("-", 1)[1]) % every == 0)
+    run.expect_dead = poison
+    with run.sampling():
+        # Given a handler that can never apply every `every`-th event
+        worker = run.factory.start(
+            "victim",
+            env={"FAULT_POISON_EVERY": str(every), "FAULT_SLEEP": "0.001"},
+            args=["--max-attempts", str(max_attempts)],
+        )
+        # Then the worker gives each up after max_attempts and moves on
+        run.wait_caught_up(worker)
+        assert worker.stop() == 0, worker.log_tail()
+    tries = read_deliveries(run.log_dir).attempts
+    outcome = run.finish()
+    # (finish() checked: only these are dead-lettered, once each, none applied)
+    positions: dict[str, set[tuple[int, int]]] = {}
+    for where, event_id in produced.records.items():
+        positions.setdefault(event_id, set()).add(where)
+    for letter in outcome.dead_letters:
+        event_id = dead_letter_id(letter)
+        origin = (
+            int(letter.header("kinbox.dlq.partition") or -1),
+            int(letter.header("kinbox.dlq.offset") or -1),
+        )
+        assert letter.header("kinbox.dlq.topic") == run.topic, letter
+        assert origin in positions[event_id], (origin, positions[event_id])
+        assert letter.header("kinbox.dlq.attempts") == str(max_attempts), letter
+        assert letter.header("kinbox.dlq.reason") == "handler-error", letter
+        assert letter.header("kinbox.dlq.error.type") == "PoisonError", letter
+        assert letter.header("kinbox.dlq.consumer") == run.group, letter
+        assert letter.value == b'{"n": 1}' and letter.header("event-id") == event_id
+        # Tried exactly max_attempts times, counted 1..max_attempts
+        assert tries[event_id] == list(range(1, max_attempts + 1)), tries[event_id]
 
 
 def _malformed_stream(run: Run) -> dict[tuple[int, int], str]:
@@ -107,92 +100,71 @@ def _malformed_stream(run: Run) -> dict[tuple[int, int], str]:
     return kinds
 
 
-def test_malformed_ids_are_dead_lettered_by_default(faults: Faults, stack: Stack) -> None:
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "malformed ids, dead-letter",
-            scenario="11a malformed ids dead-letter",
-            bootstrap=stack.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            bad = _malformed_stream(run)
-            run.expect_dead = frozenset(f"{run.topic}/{p}/{o}" for p, o in bad)
-            with run.sampling():
-                # Given the default policy, When the worker meets the bad records
-                worker = run.factory.start("victim")
-                # Then it dead-letters them and moves on
-                run.wait_caught_up(worker)
-                assert worker.stop() == 0, worker.log_tail()
-            outcome = run.finish()
-            for letter in outcome.dead_letters:
-                origin = (
-                    int(letter.header("kinbox.dlq.partition") or -1),
-                    int(letter.header("kinbox.dlq.offset") or -1),
-                )
-                kind = bad[origin]
-                assert letter.header("fault-kind") == kind, letter
-                assert letter.header("kinbox.dlq.reason") == "invalid-id", letter
-                assert letter.header("kinbox.dlq.error.type") == "EnvelopeError", letter
-                assert letter.header("kinbox.dlq.attempts") == "0", letter
-                assert MALFORMED[kind][1] in (letter.header("kinbox.dlq.error.message") or ""), (
-                    kind,
-                    letter.header("kinbox.dlq.error.message"),
-                )
-            assert f"{run.group}-ev-equal" not in outcome.lost
+@scenario("11a", "malformed ids dead-letter", fault="malformed ids, dead-letter")
+def test_malformed_ids_are_dead_lettered_by_default(run: Run) -> None:
+    bad = _malformed_stream(run)
+    run.expect_dead = frozenset(f"{run.topic}/{p}/{o}" for p, o in bad)
+    with run.sampling():
+        # Given the default policy, When the worker meets the bad records
+        worker = run.factory.start("victim")
+        # Then it dead-letters them and moves on
+        run.wait_caught_up(worker)
+        assert worker.stop() == 0, worker.log_tail()
+    outcome = run.finish()
+    for letter in outcome.dead_letters:
+        origin = (
+            int(letter.header("kinbox.dlq.partition") or -1),
+            int(letter.header("kinbox.dlq.offset") or -1),
+        )
+        kind = bad[origin]
+        assert letter.header("fault-kind") == kind, letter
+        assert letter.header("kinbox.dlq.reason") == "invalid-id", letter
+        assert letter.header("kinbox.dlq.error.type") == "EnvelopeError", letter
+        assert letter.header("kinbox.dlq.attempts") == "0", letter
+        assert MALFORMED[kind][1] in (letter.header("kinbox.dlq.error.message") or ""), (
+            kind,
+            letter.header("kinbox.dlq.error.message"),
+        )
+    assert f"{run.group}-ev-equal" not in outcome.lost
 
 
-def test_malformed_ids_applied_once_under_derive(faults: Faults, stack: Stack) -> None:
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "malformed ids, --missing-id derive",
-            scenario="11b malformed ids derive",
-            bootstrap=stack.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            bad = _malformed_stream(run)
-            derive = ["--missing-id", "derive"]
-            with run.sampling():
-                worker = run.factory.start("victim", args=derive)
-                run.wait_caught_up(worker)
-                assert worker.stop() == 0, worker.log_tail()
-            # Then each bad record is applied once, keyed on topic/partition/offset
-            # (finish() checks every expected id has exactly one effect row)
-            outcome = run.finish(drain_args=derive)
-            assert outcome.applied_once == outcome.events, outcome
-            assert not outcome.dead_letters, outcome.dead_letters
-            assert len(bad) == len(MALFORMED)
+@scenario("11b", "malformed ids derive", fault="malformed ids, --missing-id derive")
+def test_malformed_ids_applied_once_under_derive(run: Run) -> None:
+    bad = _malformed_stream(run)
+    derive = ["--missing-id", "derive"]
+    with run.sampling():
+        worker = run.factory.start("victim", args=derive)
+        run.wait_caught_up(worker)
+        assert worker.stop() == 0, worker.log_tail()
+    # Then each bad record is applied once, keyed on topic/partition/offset
+    # (finish() checks every expected id has exactly one effect row)
+    outcome = run.finish(drain_args=derive)
+    assert outcome.applied_once == outcome.events, outcome
+    assert not outcome.dead_letters, outcome.dead_letters
+    assert len(bad) == len(MALFORMED)
 
 
-def test_malformed_id_stops_the_worker_under_fail(faults: Faults, stack: Stack) -> None:
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "malformed ids, --missing-id fail",
-            scenario="11c malformed ids fail",
-            bootstrap=stack.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            bad = _malformed_stream(run)
-            with run.sampling():
-                # Given --missing-id fail, When the worker meets a bad record
-                worker = run.factory.start("victim", args=["--missing-id", "fail"])
-                status = worker.wait(60)
-                # Then it exits with the bad-input status and names the record
-                log = worker.log()
-                assert status == EXIT_BAD_INPUT, worker.log_tail()
-                found = re.search(r"missing_id=fail: .*committed up to (\S+)\[(\d+)\]@(\d+)", log)
-                assert found, worker.log_tail()
-                assert found.group(1) == run.topic, found.group(0)
-                stopped_at = (int(found.group(2)), int(found.group(3)))
-                assert stopped_at in bad, (stopped_at, bad)
-                assert MALFORMED[bad[stopped_at]][1] in found.group(0), found.group(0)
-                # and has committed exactly up to it, and nowhere past any bad record
-                got = committed(run.bootstrap, run.group, run.topic, run.partitions)
-                assert got.get(stopped_at[0]) == stopped_at[1], (got, stopped_at)
-                for partition, offset in bad:
-                    assert got.get(partition, 0) <= offset, (got, partition, offset)
-            # When the operator switches to dead-lettering, the stream drains
-            run.expect_dead = frozenset(f"{run.topic}/{p}/{o}" for p, o in bad)
-            run.finish(drain_args=["--missing-id", "dead-letter"])
+@scenario("11c", "malformed ids fail", fault="malformed ids, --missing-id fail")
+def test_malformed_id_stops_the_worker_under_fail(run: Run) -> None:
+    bad = _malformed_stream(run)
+    with run.sampling():
+        # Given --missing-id fail, When the worker meets a bad record
+        worker = run.factory.start("victim", args=["--missing-id", "fail"])
+        status = worker.wait(60)
+        # Then it exits with the bad-input status and names the record
+        log = worker.log()
+        assert status == EXIT_BAD_INPUT, worker.log_tail()
+        found = re.search(r"missing_id=fail: .*committed up to (\S+)\[(\d+)\]@(\d+)", log)
+        assert found, worker.log_tail()
+        assert found.group(1) == run.topic, found.group(0)
+        stopped_at = (int(found.group(2)), int(found.group(3)))
+        assert stopped_at in bad, (stopped_at, bad)
+        assert MALFORMED[bad[stopped_at]][1] in found.group(0), found.group(0)
+        # and has committed exactly up to it, and nowhere past any bad record
+        got = committed(run.bootstrap, run.group, run.topic, run.partitions)
+        assert got.get(stopped_at[0]) == stopped_at[1], (got, stopped_at)
+        for partition, offset in bad:
+            assert got.get(partition, 0) <= offset, (got, partition, offset)
+    # When the operator switches to dead-lettering, the stream drains
+    run.expect_dead = frozenset(f"{run.topic}/{p}/{o}" for p, o in bad)
+    run.finish(drain_args=["--missing-id", "dead-letter"])

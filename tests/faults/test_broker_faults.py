@@ -1,11 +1,11 @@
 """Scenario 6: the Kafka broker dies, freezes, or the network to it breaks, under a worker.
 
 These kill and pause the broker, so they run against a broker of their own
-(module-scoped), never the session's. It sits behind a TCP fault proxy: the
-broker advertises the proxy's port, so every client connection after the
-bootstrap goes through it, and the network scenario can blackhole or cut
-them. PostgreSQL is the session server. The worker must wait each outage out
-and then catch up by itself.
+(module-scoped, ``fault_bootstrap`` below), never the session's. It sits
+behind a TCP fault proxy: the broker advertises the proxy's port, so every
+client connection after the bootstrap goes through it, and the network
+scenario can blackhole or cut them. PostgreSQL is the session server. The
+worker must wait each outage out and then catch up by itself.
 """
 
 from __future__ import annotations
@@ -17,12 +17,16 @@ from dataclasses import dataclass
 import pytest
 
 from kinbox.devstack.kafka import KafkaBroker
-from kinbox.devstack.stack import Stack
 from kinbox.errors import ServiceError
+from kinbox.ops.worker import EXIT_WEDGED
 from tests.conftest import cannot_start
-from tests.faults.conftest import Faults
+from tests.support.fault_run import Run
 from tests.support.faultproxy import FaultProxy
-from tests.support.workers import FAST_ENV
+from tests.support.launch import FAST_TIMINGS
+from tests.support.scenario import scenario
+
+SESSION_TIMEOUT = FAST_TIMINGS["session_timeout"]
+"""The workers' session timeout: a pause past it costs the member its partitions."""
 
 
 @dataclass(frozen=True)
@@ -71,91 +75,82 @@ def broker() -> Iterator[ProxiedBroker]:
     proxy.close()
 
 
-def test_broker_sigkill_and_restart(faults: Faults, stack: Stack, broker: ProxiedBroker) -> None:
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "broker SIGKILL + restart",
-            scenario="6a broker killed",
-            bootstrap=broker.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            produced = run.produce()
-            with run.sampling():
-                # Given a worker applying events
-                worker = run.factory.start("victim", env={"FAULT_SLEEP": "0.005"})
-                run.wait_handler_calls(run.rng.randint(20, len(produced.records) // 2))
-                # When the broker is SIGKILLed, stays down a moment, and restarts
-                broker.kill()
-                time.sleep(run.rng.uniform(0.5, 3.0))
-                broker.start()
-                # Then the same worker reconnects and commits everything
-                run.wait_caught_up(worker, timeout=120)
-                assert worker.stop() == 0, worker.log_tail()
-            run.finish()
+@pytest.fixture
+def fault_bootstrap(broker: ProxiedBroker) -> str:
+    """Every round of this module runs on the proxied broker, never the session's."""
+    return broker.bootstrap_servers
 
 
-def test_broker_paused_longer_than_the_session_timeout(
-    faults: Faults, stack: Stack, broker: ProxiedBroker
-) -> None:
-    session_timeout = float(FAST_ENV["KINBOX_SESSION_TIMEOUT"])
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "broker SIGSTOP > session timeout",
-            scenario="6b broker paused",
-            bootstrap=broker.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            produced = run.produce()
-            with run.sampling():
-                worker = run.factory.start("victim", env={"FAULT_SLEEP": "0.005"})
-                run.wait_handler_calls(run.rng.randint(20, len(produced.records) // 2))
-                # When the broker freezes (connections open, nothing answers) past
-                # the session timeout, then thaws
-                broker.pause()
-                try:
-                    time.sleep(session_timeout + run.rng.uniform(1.0, 3.0))
-                finally:
-                    broker.resume()
-                run.wait_caught_up(worker, timeout=120)
-                assert worker.stop() == 0, worker.log_tail()
-            run.finish()
+@scenario("6a", "broker killed", fault="broker SIGKILL + restart")
+def test_broker_sigkill_and_restart(run: Run, broker: ProxiedBroker) -> None:
+    produced = run.produce()
+    with run.sampling():
+        # Given a worker applying events
+        worker = run.factory.start("victim", env={"FAULT_SLEEP": "0.005"})
+        run.wait_handler_calls(run.rng.randint(20, len(produced.records) // 2))
+        # When the broker is SIGKILLed, stays down a moment, and restarts
+        broker.kill()
+        time.sleep(run.rng.uniform(0.5, 3.0))
+        broker.start()
+        # Then the same worker reconnects and commits everything
+        run.wait_caught_up(worker, timeout=120)
+        assert worker.stop() == 0, worker.log_tail()
+    run.finish()
 
 
-def test_kafka_network_blackhole_and_cut(
-    faults: Faults, stack: Stack, broker: ProxiedBroker
-) -> None:
-    session_timeout = float(FAST_ENV["KINBOX_SESSION_TIMEOUT"])
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "Kafka link blackholed, then cut",
-            scenario="6c kafka network",
-            bootstrap=broker.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            # Shorter than the session timeout: the member should ride it out in the group.
-            plan = [
-                ("blackhole", run.rng.uniform(2.0, session_timeout - 2.0)),
-                ("cut", run.rng.uniform(1.0, 3.0)),
-            ]
-            run.rng.shuffle(plan)
-            produced = run.produce()
-            with run.sampling():
-                # Given a worker applying events over a proxied link to the broker
-                worker = run.factory.start("victim", env={"FAULT_SLEEP": "0.01"})
-                for mode, seconds in plan:
-                    run.wait_handler_calls(run.handler_calls() + run.rng.randint(20, 50))
-                    assert run.handler_calls() < len(produced.ids), "the stream ended first"
-                    # When the link delivers nothing (blackhole) or is reset (cut) for a while
-                    before = broker.proxy.accepted
-                    (broker.proxy.set_blackhole if mode == "blackhole" else broker.proxy.cut)()
-                    time.sleep(seconds)
-                    broker.proxy.set_pass()
-                    print(f"[faults] {mode} for {seconds:.1f}s ({broker.proxy.accepted - before} "
-                          "connections accepted meanwhile)")  # fmt: skip
-                # Then the same worker catches up by itself
-                run.wait_caught_up(worker, timeout=120)
-                assert worker.stop() == 0, worker.log_tail()
-            run.finish()
+@scenario("6b", "broker paused", fault="broker SIGSTOP > session timeout")
+def test_broker_paused_longer_than_the_session_timeout(run: Run, broker: ProxiedBroker) -> None:
+    produced = run.produce()
+    with run.sampling():
+        worker = run.factory.start("victim", env={"FAULT_SLEEP": "0.005"})
+        run.wait_handler_calls(run.rng.randint(20, len(produced.records) // 2))
+        # When the broker freezes (connections open, nothing answers) past
+        # the session timeout, then thaws
+        broker.pause()
+        try:
+            time.sleep(SESSION_TIMEOUT + run.rng.uniform(1.0, 3.0))
+        finally:
+            broker.resume()
+        # Then the worker rides it out. Or librdkafka lost the reply to a
+        # commit sent into the frozen broker for good (kinbox.kafka.watch):
+        # the worker says so and exits with status 7, and its supervisor (as
+        # systemd or Kubernetes would) starts a fresh one, which finishes.
+        try:
+            run.wait_caught_up(worker, timeout=120)
+        except AssertionError:
+            if worker.proc.poll() != EXIT_WEDGED:
+                raise
+            assert "has not returned from" in worker.log(), worker.log_tail()
+            print(f"[faults] {worker.name} wedged in librdkafka, exited 7: restarted")
+            worker = run.factory.start("victim-restarted", env={"FAULT_SLEEP": "0.005"})
+            run.wait_caught_up(worker, timeout=120)
+        assert worker.stop() == 0, worker.log_tail()
+    run.finish()
+
+
+@scenario("6c", "kafka network", fault="Kafka link blackholed, then cut")
+def test_kafka_network_blackhole_and_cut(run: Run, broker: ProxiedBroker) -> None:
+    # Shorter than the session timeout: the member should ride it out in the group.
+    plan = [
+        ("blackhole", run.rng.uniform(2.0, SESSION_TIMEOUT - 2.0)),
+        ("cut", run.rng.uniform(1.0, 3.0)),
+    ]
+    run.rng.shuffle(plan)
+    produced = run.produce()
+    with run.sampling():
+        # Given a worker applying events over a proxied link to the broker
+        worker = run.factory.start("victim", env={"FAULT_SLEEP": "0.01"})
+        for mode, seconds in plan:
+            run.wait_handler_calls(run.handler_calls() + run.rng.randint(20, 50))
+            assert run.handler_calls() < len(produced.ids), "the stream ended first"
+            # When the link delivers nothing (blackhole) or is reset (cut) for a while
+            before = broker.proxy.accepted
+            (broker.proxy.set_blackhole if mode == "blackhole" else broker.proxy.cut)()
+            time.sleep(seconds)
+            broker.proxy.set_pass()
+            print(f"[faults] {mode} for {seconds:.1f}s ({broker.proxy.accepted - before} "
+                  "connections accepted meanwhile)")  # fmt: skip
+        # Then the same worker catches up by itself
+        run.wait_caught_up(worker, timeout=120)
+        assert worker.stop() == 0, worker.log_tail()
+    run.finish()

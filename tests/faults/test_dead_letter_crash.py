@@ -19,10 +19,10 @@ from collections import Counter
 from click.testing import CliRunner
 
 from kinbox.cli.main import main
-from kinbox.devstack.stack import Stack
-from tests.faults.conftest import Faults, Run
+from tests.support.fault_run import Run
 from tests.support.invariants import effect_counts, processed
 from tests.support.records import Headers, Produced, dead_letter_id, read_topic
+from tests.support.scenario import scenario
 from tests.support.workers import drain
 
 
@@ -49,49 +49,42 @@ def _stream(run: Run, count: int, every: int, duplicates: int) -> frozenset[str]
     return frozenset(f"{run.group}-ev-{n}" for n in poison)
 
 
-def test_crash_between_dead_letter_flush_and_commit(faults: Faults, stack: Stack) -> None:
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "SIGKILL after DLQ ack, pre-COMMIT",
-            scenario="16 crash between dead-letter flush and commit",
-            bootstrap=stack.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            every = run.rng.choice([4, 5, 7])
-            batch = run.rng.choice([5, 20, 50])
-            poison = _stream(run, faults.events, every, run.rng.randint(0, 10))
-            run.expect_dead = poison
-            run.dead_letter_copies = 2
-            dlq = f"{run.topic}.dlq"
-            # A handler that fails the poison events; each is given up on its first try
-            env = {"FAULT_POISON_EVERY": str(every), "FAULT_SLEEP": "0.001"}
-            args = ["--max-attempts", "1"]
-            with run.sampling():
-                # Given a worker that dies right after its first dead letters were acknowledged
-                victim = run.factory.start(
-                    "victim", failpoints="before_db_commit=kill@1", env=env, args=args,
-                    batch_max_messages=batch,
-                )  # fmt: skip
-                assert victim.wait(60) == -signal.SIGKILL, victim.log_tail()
-                # (they are on the topic while the database has nothing of their batch)
-                flushed = {dead_letter_id(letter) for letter in read_topic(run.bootstrap, dlq)}
-                assert flushed and flushed <= poison, flushed
-                assert not set(processed(run.database_url, run.schema, run.group)) & flushed
-                # When the worker is restarted (the handler still failing them)
-                restarted = run.factory.start(
-                    "restarted", env=env, args=args, batch_max_messages=batch
-                )
-                run.wait_caught_up(restarted)
-                assert restarted.stop() == 0, restarted.log_tail()
-            # Then (checked by finish) each poison event is dead_lettered in the
-            # database, applied never, and on the topic at most twice, every copy
-            # with the same kinbox.dlq.topic/partition/offset; nothing lost or doubled
-            outcome = run.finish()
-            copies = Counter(dead_letter_id(letter) for letter in outcome.dead_letters)
-            assert set(copies) == poison, sorted(poison - set(copies))
-            assert {i for i, n in copies.items() if n == 2} == flushed, copies
-            _replay_applies_once(run, dlq, poison)
+@scenario(
+    "16", "crash between dead-letter flush and commit", fault="SIGKILL after DLQ ack, pre-COMMIT"
+)
+def test_crash_between_dead_letter_flush_and_commit(run: Run) -> None:
+    every = run.rng.choice([4, 5, 7])
+    batch = run.rng.choice([5, 20, 50])
+    poison = _stream(run, run.events, every, run.rng.randint(0, 10))
+    run.expect_dead = poison
+    run.dead_letter_copies = 2
+    dlq = f"{run.topic}.dlq"
+    # A handler that fails the poison events; each is given up on its first try
+    env = {"FAULT_POISON_EVERY": str(every), "FAULT_SLEEP": "0.001"}
+    args = ["--max-attempts", "1"]
+    with run.sampling():
+        # Given a worker that dies right after its first dead letters were acknowledged
+        victim = run.factory.start(
+            "victim", failpoints="before_db_commit=kill@1", env=env, args=args,
+            batch_max_messages=batch,
+        )  # fmt: skip
+        assert victim.wait(60) == -signal.SIGKILL, victim.log_tail()
+        # (they are on the topic while the database has nothing of their batch)
+        flushed = {dead_letter_id(letter) for letter in read_topic(run.bootstrap, dlq)}
+        assert flushed and flushed <= poison, flushed
+        assert not set(processed(run.database_url, run.schema, run.group)) & flushed
+        # When the worker is restarted (the handler still failing them)
+        restarted = run.factory.start("restarted", env=env, args=args, batch_max_messages=batch)
+        run.wait_caught_up(restarted)
+        assert restarted.stop() == 0, restarted.log_tail()
+    # Then (checked by finish) each poison event is dead_lettered in the
+    # database, applied never, and on the topic at most twice, every copy
+    # with the same kinbox.dlq.topic/partition/offset; nothing lost or doubled
+    outcome = run.finish()
+    copies = Counter(dead_letter_id(letter) for letter in outcome.dead_letters)
+    assert set(copies) == poison, sorted(poison - set(copies))
+    assert {i for i, n in copies.items() if n == 2} == flushed, copies
+    _replay_applies_once(run, dlq, poison)
 
 
 def _replay_applies_once(run: Run, dlq: str, poison: frozenset[str]) -> None:

@@ -7,31 +7,24 @@ event is applied exactly once.
 
 from __future__ import annotations
 
-from kinbox.devstack.stack import Stack
-from tests.faults.conftest import Faults
+from tests.support.fault_run import Run
+from tests.support.scenario import scenario
 
 
-def test_transient_handler_errors_k_times(faults: Faults, stack: Stack) -> None:
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "handler raises k times",
-            scenario="9 transient handler errors",
-            bootstrap=stack.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            k = run.rng.randint(1, 3)
-            every = run.rng.choice([7, 25, 60])
-            run.produce(duplicates=run.rng.randint(0, 10))
-            with run.sampling():
-                # Given a handler that fails the first k attempts of every `every`-th event
-                worker = run.factory.start(
-                    "victim",
-                    env={"FAULT_FAIL_TIMES": str(k), "FAULT_FAIL_EVERY": str(every)},
-                )
-                # Then the worker retries until all of them are applied
-                run.wait_caught_up(worker)
-                failures = worker.log().count("TransientHandlerError")
-                assert failures >= k, f"expected >= {k} injected failures\n{worker.log_tail()}"
-                assert worker.stop() == 0, worker.log_tail()
-            run.finish()
+@scenario("9", "transient handler errors", fault="handler raises k times")
+def test_transient_handler_errors_k_times(run: Run) -> None:
+    k = run.rng.randint(1, 3)
+    every = run.rng.choice([7, 25, 60])
+    run.produce(duplicates=run.rng.randint(0, 10))
+    with run.sampling():
+        # Given a handler that fails the first k attempts of every `every`-th event
+        worker = run.factory.start(
+            "victim",
+            env={"FAULT_FAIL_TIMES": str(k), "FAULT_FAIL_EVERY": str(every)},
+        )
+        # Then the worker retries until all of them are applied
+        run.wait_caught_up(worker)
+        failures = worker.log().count("TransientHandlerError")
+        assert failures >= k, f"expected >= {k} injected failures\n{worker.log_tail()}"
+        assert worker.stop() == 0, worker.log_tail()
+    run.finish()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import signal
 import subprocess
 import threading
 import time
@@ -32,17 +31,19 @@ from psycopg import sql
 from kinbox.devstack.stack import Stack
 from producer_outbox.lanes import LaneOwner
 from producer_outbox.writer import enqueue
-from tests.faults.conftest import Faults, Run
-from tests.integration.outbox_support import (
-    Conn,
-    Received,
+from tests.support.database import Conn
+from tests.support.fault_run import Run
+from tests.support.outbox import (
+    as_produced,
     consume,
     count,
+    first_deliveries,
     migrate_outbox,
     relay_process,
-    wait_for,
+    stop_relay,
 )
-from tests.support.records import Produced
+from tests.support.scenario import scenario
+from tests.support.waiting import wait_for
 
 KEYS = ("order-1", "order-2", "order-3")
 SLOTS = 4
@@ -108,31 +109,16 @@ class Writers:
             self.rolled_back.update(rows)
 
 
-def _first_deliveries(received: list[Received]) -> dict[str | None, list[str]]:
-    seen: set[str] = set()
-    by_key: dict[str | None, list[str]] = {}
-    for record in sorted(received, key=lambda r: (r.partition, r.offset)):
-        if record.event_id not in seen:
-            seen.add(record.event_id)
-            by_key.setdefault(record.key, []).append(record.event_id)
-    return by_key
-
-
 def _inversions(order: list[str], rank: dict[str, int]) -> int:
     """Adjacent pairs of ``order`` that ``rank`` puts the other way round."""
     return sum(rank[a] > rank[b] for a, b in itertools.pairwise(order))
 
 
-def test_concurrent_writers_of_few_keys_with_relays_killed(faults: Faults, stack: Stack) -> None:
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "interleaved writers, relays SIGKILLed",
-            scenario="17 outbox concurrent writers of one key",
-            bootstrap=stack.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            _scenario(run, stack, faults.events)
+@scenario(
+    "17", "outbox concurrent writers of one key", fault="interleaved writers, relays SIGKILLed"
+)
+def test_concurrent_writers_of_few_keys_with_relays_killed(run: Run, stack: Stack) -> None:
+    _scenario(run, stack, run.events)
 
 
 def _publish_while_killing_relays(run: Run, stack: Stack, db: Conn, writers: Writers) -> None:
@@ -168,8 +154,7 @@ def _publish_while_killing_relays(run: Run, stack: Stack, db: Conn, writers: Wri
         relays = LaneOwner(db, run.schema, LANES)
         wait_for(lambda: relays.relays() == len(live), what="restarted relays registered")
         for relay in live:
-            relay.send_signal(signal.SIGTERM)
-            assert relay.wait(30) == 0, "relay did not stop cleanly"
+            assert stop_relay(relay) == 0, "relay did not stop cleanly"
     finally:
         for relay in started:
             if relay.poll() is None:
@@ -201,7 +186,8 @@ def _scenario(run: Run, stack: Stack, events: int) -> None:
     # Nothing lost, nothing rolled back published, and each key in (txid, seq) order
     assert set(copies) == {r[0] for r in rows}, "published ids differ from committed rows"
     assert not writers.rolled_back & set(copies), "a rolled-back row was published"
-    assert _first_deliveries(received) == promised
+    firsts = first_deliveries(received)
+    assert {key: [r.event_id for r in rs] for key, rs in firsts.items()} == promised
     # The run really interleaved: seq order and commit order disagree with it
     rank = {event_id: i for i, (event_id, _key) in enumerate(rows)}
     by_seq = [r[0] for r in seqs]
@@ -211,9 +197,7 @@ def _scenario(run: Run, stack: Stack, events: int) -> None:
         f"{_inversions(writers.commit_order, rank)}, duplicates {len(received) - len(copies)}"
     )
     assert _inversions(by_seq, rank) > 0, "the writers never interleaved"
-    run.produced = Produced(
-        run.topic, run.partitions, {(r.partition, r.offset): r.event_id for r in received}
-    )
+    run.produced = as_produced(run.topic, run.partitions, received)
     # And downstream, the worker applies every row once
     run.wait_caught_up(downstream)
     assert downstream.stop() == 0, downstream.log_tail()

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import re
 
-import psycopg
-import pytest
-from psycopg import sql
-
-from kinbox.devstack.stack import Stack
-from tests.faults.conftest import Faults, Run
+from tests.support.fault_run import Run
+from tests.support.invariants import effects_by_pid
+from tests.support.scenario import scenario
 from tests.support.workers import Worker, read_deliveries
 
 PROTOCOLS: dict[str, dict[str, str | None]] = {
@@ -26,16 +23,8 @@ PROTOCOLS: dict[str, dict[str, str | None]] = {
     "kip848": {"group.protocol": "consumer", "heartbeat.interval.ms": None},
 }
 HOLD = r"still running after [\d.]+s: pausing"
-
-
-def _effects_by_pid(run: Run) -> dict[int, int]:
-    with psycopg.connect(run.database_url, autocommit=True) as conn:
-        rows = conn.execute(
-            sql.SQL("SELECT pid, count(*) FROM {}.effects GROUP BY pid").format(
-                sql.Identifier(run.schema)
-            )
-        ).fetchall()
-    return {int(pid): int(n) for pid, n in rows}
+MAX_POLL = 6.0
+"""max.poll.interval (and session timeout) of scenario 8's worker, in seconds."""
 
 
 def _holds_ended(run: Run) -> int:
@@ -72,37 +61,31 @@ def _join_mid_batch(run: Run, protocol: str) -> tuple[Worker, Worker]:
     return first, joiner
 
 
-@pytest.mark.parametrize("protocol", list(PROTOCOLS))
-def test_member_joins_while_a_batch_is_in_flight(
-    faults: Faults, stack: Stack, protocol: str
-) -> None:
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            f"member joins mid-batch, {protocol}",
-            scenario=f"7 rebalance in flight {protocol}",
-            bootstrap=stack.bootstrap_servers,
-            database_url=stack.database_url,
-            partitions=4,
-        ) as run:
-            run.produce(duplicates=run.rng.randint(0, 10))
-            with run.sampling():
-                first, joiner = _join_mid_batch(run, protocol)
-                # Then the batch ends, the partitions move, both members finish the stream
-                run.wait_caught_up(first, joiner, timeout=20)
-                assert first.stop() == 0, first.log_tail()
-                assert joiner.stop() == 0, joiner.log_tail()
-            shares = _effects_by_pid(run)
-            assert shares.get(joiner.pid, 0) > 0, f"the joiner applied nothing: {shares}"
-            assert shares.get(first.pid, 0) > 0, f"the slow member applied nothing: {shares}"
-            # A revoke that outlived the batch would drop its offsets: say so if it happened.
-            assert "will not be committed" not in first.log(), first.log_tail()
-            run.finish()
+@scenario(
+    "7", "rebalance in flight {case}", fault="member joins mid-batch, {case}", partitions=4,
+    cases={protocol: {"protocol": protocol} for protocol in PROTOCOLS},
+)  # fmt: skip
+def test_member_joins_while_a_batch_is_in_flight(run: Run, protocol: str) -> None:
+    run.produce(duplicates=run.rng.randint(0, 10))
+    with run.sampling():
+        first, joiner = _join_mid_batch(run, protocol)
+        # Then the batch ends, the partitions move, both members finish the stream
+        run.wait_caught_up(first, joiner, timeout=20)
+        assert first.stop() == 0, first.log_tail()
+        assert joiner.stop() == 0, joiner.log_tail()
+    shares = effects_by_pid(run.database_url, run.schema)
+    assert shares.get(joiner.pid, 0) > 0, f"the joiner applied nothing: {shares}"
+    assert shares.get(first.pid, 0) > 0, f"the slow member applied nothing: {shares}"
+    # A revoke that outlived the batch would drop its offsets: say so if it happened.
+    assert "will not be committed" not in first.log(), first.log_tail()
+    run.finish()
 
 
-def test_last_commit_of_a_kept_partition_meets_a_cooperative_rebalance(
-    faults: Faults, stack: Stack
-) -> None:
+@scenario(
+    "7c", "last commit in rebalance", fault="last commit during coop rebalance", partitions=2,
+    min_rounds=2,
+)  # fmt: skip
+def test_last_commit_of_a_kept_partition_meets_a_cooperative_rebalance(run: Run) -> None:
     """7c: the held batch is the whole stream, so its offset commit is the last one and
     goes out while the cooperative rebalance is still completing.
 
@@ -111,71 +94,54 @@ def test_last_commit_of_a_kept_partition_meets_a_cooperative_rebalance(
     Whether the commit meets the rebalance is a race (kinbox bug: ~3 in 4 runs
     here), so quick mode runs it twice.
     """
-    for index in range(max(faults.runs, 2)):
-        with faults.run(
-            index,
-            "last commit during coop rebalance",
-            scenario="7c last commit in rebalance",
-            bootstrap=stack.bootstrap_servers,
-            database_url=stack.database_url,
-            partitions=2,
-        ) as run:
-            run.produce(count=run.rng.randint(20, 40))
-            with run.sampling():
-                first, joiner = _join_mid_batch(run, "cooperative")
-                # Then both members stay, and the group commits every offset
-                try:
-                    run.wait_caught_up(first, joiner, timeout=15)
-                finally:
-                    assert first.stop() == 0, first.log_tail()
-                    assert joiner.stop() == 0, joiner.log_tail()
-            run.finish()
+    run.produce(count=run.rng.randint(20, 40))
+    with run.sampling():
+        first, joiner = _join_mid_batch(run, "cooperative")
+        # Then both members stay, and the group commits every offset
+        try:
+            run.wait_caught_up(first, joiner, timeout=15)
+        finally:
+            assert first.stop() == 0, first.log_tail()
+            assert joiner.stop() == 0, joiner.log_tail()
+    run.finish()
 
 
-def test_handler_longer_than_max_poll_interval(faults: Faults, stack: Stack) -> None:
-    max_poll = 6.0
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "handler 8-9 s > max.poll 6 s",
-            scenario="8 handler > max.poll.interval",
-            bootstrap=stack.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            produced = run.produce()
-            count = 1 if faults.runs == 1 else run.rng.randint(1, 2)
-            slow = sorted(
-                {f"{run.group}-ev-{run.rng.randint(30, len(produced.records) // 2)}"
-                 for _ in range(count)}
-            )  # fmt: skip
-            env = {
-                "KINBOX_MAX_POLL_INTERVAL": str(max_poll),
-                "KINBOX_SESSION_TIMEOUT": str(max_poll),
-                "FAULT_SLEEP": "0.002",
-                "FAULT_SLOW_IDS": ",".join(slow),
-                "FAULT_SLOW_SECONDS": f"{run.rng.uniform(max_poll + 2, max_poll + 3):.2f}",
-            }
-            with run.sampling():
-                # Given a handler that takes longer than max.poll.interval on some events
-                worker = run.factory.start("slow", env=env)
-                # Then the runner holds the batch (pauses, keeps polling) ...
-                worker.wait_log(HOLD)
-                # ... and the same member, never expelled, commits everything
-                run.wait_caught_up(worker, timeout=120)
-                assert worker.stop() == 0, worker.log_tail()
-            deliveries = read_deliveries(run.log_dir)
-            for event_id in slow:
-                times = dict(deliveries.holds.get(event_id, []))
-                assert times.keys() == {"begin", "end"}, (event_id, deliveries.holds)
-                held = times["end"] - times["begin"]
-                assert held > max_poll + 1, f"{event_id} held only {held:.1f}s"
-            _assert_stayed_in_the_group(worker)
-            redelivered = deliveries.redelivered
-            assert not redelivered, f"redelivered (the member lost its partitions): {redelivered}"
-            outcome = run.finish()
-            # Nothing was delivered twice, so the inbox had nothing to suppress.
-            assert outcome.duplicates_suppressed == 0, outcome
-            assert outcome.deliveries == len(produced.records), outcome
+@scenario("8", "handler > max.poll.interval", fault="handler 8-9 s > max.poll 6 s")
+def test_handler_longer_than_max_poll_interval(run: Run) -> None:
+    produced = run.produce()
+    count = 1 if run.rounds == 1 else run.rng.randint(1, 2)
+    slow = sorted(
+        {f"{run.group}-ev-{run.rng.randint(30, len(produced.records) // 2)}"
+         for _ in range(count)}
+    )  # fmt: skip
+    env = {
+        "KINBOX_MAX_POLL_INTERVAL": str(MAX_POLL),
+        "KINBOX_SESSION_TIMEOUT": str(MAX_POLL),
+        "FAULT_SLEEP": "0.002",
+        "FAULT_SLOW_IDS": ",".join(slow),
+        "FAULT_SLOW_SECONDS": f"{run.rng.uniform(MAX_POLL + 2, MAX_POLL + 3):.2f}",
+    }
+    with run.sampling():
+        # Given a handler that takes longer than max.poll.interval on some events
+        worker = run.factory.start("slow", env=env)
+        # Then the runner holds the batch (pauses, keeps polling) ...
+        worker.wait_log(HOLD)
+        # ... and the same member, never expelled, commits everything
+        run.wait_caught_up(worker, timeout=120)
+        assert worker.stop() == 0, worker.log_tail()
+    deliveries = read_deliveries(run.log_dir)
+    for event_id in slow:
+        times = dict(deliveries.holds.get(event_id, []))
+        assert times.keys() == {"begin", "end"}, (event_id, deliveries.holds)
+        held = times["end"] - times["begin"]
+        assert held > MAX_POLL + 1, f"{event_id} held only {held:.1f}s"
+    _assert_stayed_in_the_group(worker)
+    redelivered = deliveries.redelivered
+    assert not redelivered, f"redelivered (the member lost its partitions): {redelivered}"
+    outcome = run.finish()
+    # Nothing was delivered twice, so the inbox had nothing to suppress.
+    assert outcome.duplicates_suppressed == 0, outcome
+    assert outcome.deliveries == len(produced.records), outcome
 
 
 def _assert_stayed_in_the_group(worker: Worker) -> None:

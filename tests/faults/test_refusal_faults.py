@@ -22,11 +22,11 @@ import json
 import psycopg
 from psycopg import sql
 
-from kinbox.devstack.stack import Stack
-from tests.faults.conftest import Faults, Run
 from tests.support.effect_app import VALUES_DDL
+from tests.support.fault_run import Run
 from tests.support.rawkafka import RawRecord, produce_raw
 from tests.support.records import Produced
+from tests.support.scenario import scenario
 
 TABLE = "fault_values"
 MAX_ATTEMPTS = 2
@@ -78,8 +78,9 @@ def _stream(run: Run, count: int) -> tuple[list[RawRecord], list[str | None], se
         else:
             ids.append(event_id)
         records.append(RawRecord(partition, json.dumps(fields).encode(), headers))
-    plain = [i for i, r in enumerate(records) if ids[i] and i not in refused and not _keyed(r)]
     for _ in range(run.rng.randint(0, 10)):
+        # Chosen afresh after each insert: the indexes shift.
+        plain = [i for i, r in enumerate(records) if ids[i] and i not in refused and not _keyed(r)]
         copy = records[run.rng.choice(plain)]
         at = run.rng.randrange(len(records) + 1)
         records.insert(at, RawRecord(run.rng.randrange(run.partitions), copy.value, copy.headers))
@@ -88,45 +89,36 @@ def _stream(run: Run, count: int) -> tuple[list[RawRecord], list[str | None], se
     return records, ids, refused
 
 
-def test_content_the_database_refuses(faults: Faults, stack: Stack) -> None:
-    for index in range(faults.runs):
-        with faults.run(
-            index,
-            "values postgres refuses",
-            scenario="13 content the database refuses",
-            bootstrap=stack.bootstrap_servers,
-            database_url=stack.database_url,
-        ) as run:
-            with psycopg.connect(run.database_url, autocommit=True) as conn:
-                conn.execute(
-                    sql.SQL(VALUES_DDL).format(sql.Identifier(run.schema), sql.Identifier(TABLE))
-                )
-            records, ids, refused = _stream(run, faults.events // 2)
-            offsets = produce_raw(run.bootstrap, run.topic, records)
-            placed = {}
-            dead: set[str] = set()
-            for i, (record, offset) in enumerate(zip(records, offsets, strict=True)):
-                event_id = ids[i] or f"{run.topic}/{record.partition}/{offset}"
-                placed[(record.partition, offset)] = event_id
-                if ids[i] is None or i in refused:
-                    dead.add(event_id)
-            run.produced = Produced(run.topic, run.partitions, placed)
-            run.expect_dead = frozenset(dead)
-            env = {"FAULT_VALUES": TABLE}
-            args = ["--max-attempts", str(MAX_ATTEMPTS)]
-            with run.sampling():
-                # Given workers whose handler writes what the payloads say
-                first = run.factory.start("first", env=env, args=args)
-                run.wait_handler_calls(len(records) // 4)
-                # When a second member joins while refusals are being narrowed down
-                second = run.factory.start("second", env=env, args=args)
-                # Then the group gets past every record: refused ones dead-lettered
-                run.wait_caught_up(first, second)
-                assert first.stop() == 0, first.log_tail()
-                assert second.stop() == 0, second.log_tail()
-            outcome = run.finish(drain_args=args)
-            # (finish() checked: only these dead-lettered, once each, none applied;
-            # every other event applied once; offsets at the end)
-            assert outcome.dead_lettered == len(dead) > 0, outcome
-            reasons = {letter.header("kinbox.dlq.reason") for letter in outcome.dead_letters}
-            assert reasons <= {"handler-error", "invalid-id"}, reasons
+@scenario("13", "content the database refuses", fault="values postgres refuses")
+def test_content_the_database_refuses(run: Run) -> None:
+    with psycopg.connect(run.database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL(VALUES_DDL).format(sql.Identifier(run.schema), sql.Identifier(TABLE)))
+    records, ids, refused = _stream(run, run.events // 2)
+    offsets = produce_raw(run.bootstrap, run.topic, records)
+    placed = {}
+    dead: set[str] = set()
+    for i, (record, offset) in enumerate(zip(records, offsets, strict=True)):
+        event_id = ids[i] or f"{run.topic}/{record.partition}/{offset}"
+        placed[(record.partition, offset)] = event_id
+        if ids[i] is None or i in refused:
+            dead.add(event_id)
+    run.produced = Produced(run.topic, run.partitions, placed)
+    run.expect_dead = frozenset(dead)
+    env = {"FAULT_VALUES": TABLE}
+    args = ["--max-attempts", str(MAX_ATTEMPTS)]
+    with run.sampling():
+        # Given workers whose handler writes what the payloads say
+        first = run.factory.start("first", env=env, args=args)
+        run.wait_handler_calls(len(records) // 4)
+        # When a second member joins while refusals are being narrowed down
+        second = run.factory.start("second", env=env, args=args)
+        # Then the group gets past every record: refused ones dead-lettered
+        run.wait_caught_up(first, second)
+        assert first.stop() == 0, first.log_tail()
+        assert second.stop() == 0, second.log_tail()
+    outcome = run.finish(drain_args=args)
+    # (finish() checked: only these dead-lettered, once each, none applied;
+    # every other event applied once; offsets at the end)
+    assert outcome.dead_lettered == len(dead) > 0, outcome
+    reasons = {letter.header("kinbox.dlq.reason") for letter in outcome.dead_letters}
+    assert reasons <= {"handler-error", "invalid-id"}, reasons

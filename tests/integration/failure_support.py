@@ -15,7 +15,7 @@ from kinbox.consume.runner import Runner
 from kinbox.event import Event
 from kinbox.kafka import read_topic
 from tests.integration import inbox_support
-from tests.integration.inbox_support import Conn
+from tests.support.database import Conn
 
 
 @contextmanager
@@ -42,6 +42,16 @@ def effect_app(
         tx.execute(insert, (group, event.id, event.topic, event.partition, event.offset))
 
     return app
+
+
+def poison_app(topic: str, schema: str, group: str, poison: str = "poison", **route: Any) -> App:
+    """:func:`effect_app` whose handler can never apply the event ``poison``."""
+
+    def before(event: Event) -> None:
+        if event.id == poison:
+            raise ValueError("cannot be applied")
+
+    return effect_app(topic, schema, group, before, **route)
 
 
 def statuses(db: Conn, schema: str, group: str) -> dict[str, tuple[str, str | None]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from psycopg import sql
@@ -19,21 +20,31 @@ from kinbox import App, Event
 
 def make_app(topic: str, schema: str, group_id: str, sleep: float = 0.0) -> App:
     app = App(group_id=group_id, schema=schema)
-    insert = sql.SQL(
-        'INSERT INTO {}.effects (consumer, event_id, topic, partition, "offset", pid)'
-        " VALUES (%s, %s, %s, %s, %s, %s)"
-    ).format(sql.Identifier(schema))
+    record = recorder(schema, group_id)
 
     @app.handler(topic)
     def record_effect(event: Event, tx: Any) -> None:
         if sleep:
             time.sleep(sleep)
+        record(event, tx)
+
+    return app
+
+
+def recorder(schema: str, group_id: str) -> Callable[[Event, Any], None]:
+    """What the handler does: one ``effects`` row for the event, in the inbox transaction."""
+    insert = sql.SQL(
+        'INSERT INTO {}.effects (consumer, event_id, topic, partition, "offset", pid)'
+        " VALUES (%s, %s, %s, %s, %s, %s)"
+    ).format(sql.Identifier(schema))
+
+    def record(event: Event, tx: Any) -> None:
         tx.execute(
             insert,
             (group_id, event.id, event.topic, event.partition, event.offset, os.getpid()),
         )
 
-    return app
+    return record
 
 
 app = make_app(

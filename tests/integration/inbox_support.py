@@ -1,80 +1,53 @@
-"""Helpers for the inbox integration tests: schema, producing, workers, invariant checks."""
+"""Helpers for the inbox integration tests: producing, runners and workers, invariant checks.
+
+The schema, the waiting, the producer and the group timings are the shared
+ones of tests/support (``database``, ``waiting``, ``records``, ``launch``).
+"""
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
-import sys
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-import psycopg
-from confluent_kafka import Producer
 from psycopg import sql
 
 from kinbox.app import App
 from kinbox.config import Settings
 from kinbox.consume.runner import Runner
 from kinbox.kafka import KafkaPublisher, KafkaTransport
-from kinbox.store.postgres import PostgresInboxStore, apply_migrations
-from kinbox.store.schema import INBOX
+from kinbox.store.postgres import PostgresInboxStore
 from tests.integration.inbox_app import make_app
-from tests.support.workers import committed as committed  # re-exported for the inbox tests
+from tests.support.database import Conn
+from tests.support.launch import FAST_GROUP, FAST_TIMINGS, ROOT, timing_env, worker_argv
+from tests.support.records import Headers, write_records
+from tests.support.records import committed as committed  # re-exported for the inbox tests
 
-ROOT = Path(__file__).resolve().parents[2]
-Conn = psycopg.Connection[tuple[Any, ...]]
+APP = "tests.integration.inbox_app:app"
 Produced = dict[tuple[int, int], str]
 """(partition, offset) -> event id, from the producer's delivery reports."""
-
-FAST_GROUP = {"heartbeat.interval.ms": "500", "topic.metadata.refresh.interval.ms": "2000"}
-
-
-def prepare_schema(database_url: str, schema: str) -> None:
-    apply_migrations(database_url, schema, [INBOX])
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {}.effects (seq bigserial PRIMARY KEY, consumer text, event_id text,"
-                ' topic text, partition int, "offset" bigint, pid int)'
-            ).format(sql.Identifier(schema))
-        )
 
 
 def produce(
     bootstrap: str, topic: str, events: Sequence[tuple[str, int]], produced: Produced | None = None
 ) -> Produced:
-    """Send ``(event_id, partition)`` pairs with an ``event-id`` header; return their offsets."""
+    """Send ``(event_id, partition)`` pairs with an ``event-id`` header; return their offsets.
+
+    ``produced``: a mapping to add them to (a test producing in several steps).
+    """
     out: Produced = {} if produced is None else produced
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-
-    failures: list[Any] = []
-
-    def delivered(event_id: str, err: Any, msg: Any) -> None:
-        if err is not None:
-            failures.append(err)
-        else:
-            out[(msg.partition(), msg.offset())] = event_id
-
-    for event_id, partition in events:
-        producer.produce(
-            topic,
-            value=b'{"n": 1}',
-            partition=partition,
-            headers=[("event-id", event_id.encode())],
-            on_delivery=functools.partial(delivered, event_id),
-        )
-        producer.poll(0)
-    assert producer.flush(30) == 0
-    assert not failures, failures
+    items: list[tuple[int, Headers, str | None]] = [
+        (partition, [("event-id", event_id.encode())], event_id) for event_id, partition in events
+    ]
+    out.update(write_records(bootstrap, topic, items))
     return out
 
 
 def effects(db: Conn, schema: str, consumer: str | None = None) -> list[tuple[Any, ...]]:
+    """``(consumer, event_id, partition, offset, pid)`` effect rows in the order applied."""
     query = sql.SQL(
         'SELECT consumer, event_id, partition, "offset", pid FROM {}.effects ORDER BY seq'
     ).format(sql.Identifier(schema))
@@ -83,6 +56,7 @@ def effects(db: Conn, schema: str, consumer: str | None = None) -> list[tuple[An
 
 
 def processed_ids(db: Conn, schema: str, consumer: str) -> set[str]:
+    """Event ids ``consumer`` recorded in ``processed_events``, whatever their status."""
     query = sql.SQL("SELECT event_id FROM {}.processed_events WHERE consumer = %s").format(
         sql.Identifier(schema)
     )
@@ -105,21 +79,12 @@ def assert_offsets_not_ahead(
     return offsets
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-
-
 def settings(bootstrap: str, database_url: str, group: str, schema: str, **kw: Any) -> Settings:
+    """A member's settings with the tests' short timings (:data:`FAST_TIMINGS`), ``kw`` on top."""
     overrides = {**FAST_GROUP, **kw.pop("kafka_overrides", {})}
     return Settings(
         bootstrap_servers=bootstrap, database_url=database_url, group_id=group, schema=schema,
-        session_timeout=6, max_poll_interval=30, retry_initial=0.1, retry_max=1,
-        kafka_overrides=overrides, **kw,
+        kafka_overrides=overrides, **{**FAST_TIMINGS, **kw},
     ).validate()  # fmt: skip
 
 
@@ -153,32 +118,39 @@ def running(app: App, config: Settings, *, dead_letters: bool = False) -> Iterat
 
 
 def app_for(topic: str, schema: str, group: str) -> App:
+    """The inbox tests' app (:mod:`tests.integration.inbox_app`) on ``topic``."""
     return make_app(topic, schema, group)
 
 
 def start_worker(
     bootstrap: str, database_url: str, topic: str, group: str, schema: str,
     *, failpoints: str = "", sleep: float = 0.0, processes: int = 1,
-    kafka: dict[str, str] | None = None, env: dict[str, str] | None = None,
+    kafka: Mapping[str, str | None] | None = None, env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:  # fmt: skip
-    """``kinbox worker tests.integration.inbox_app:app`` as a real process."""
-    environ = {
-        **os.environ,
+    """``kinbox worker tests.integration.inbox_app:app`` as a real process (fast timings)."""
+    environ = worker_env(
+        bootstrap, database_url, topic, group, schema,
+        KINBOX_FAILPOINTS=failpoints, INBOX_TEST_SLEEP=str(sleep), **(env or {}),
+    )  # fmt: skip
+    argv = worker_argv(APP, ["--processes", str(processes)], FAST_GROUP if kafka is None else kafka)
+    return subprocess.Popen(argv, cwd=ROOT, env=environ)
+
+
+def worker_env(
+    bootstrap: str, database_url: str, topic: str, group: str, schema: str, **extra: str
+) -> dict[str, str]:
+    """The environment of a ``kinbox worker`` of a test app: fast timings, ``extra`` on top.
+
+    The test run's own ``OTEL_*`` are left out: a worker's telemetry is what
+    its test gives it.
+    """
+    return {
+        **{name: value for name, value in os.environ.items() if not name.startswith("OTEL_")},
+        **timing_env(),
         "KINBOX_BOOTSTRAP_SERVERS": bootstrap,
         "KINBOX_DATABASE_URL": database_url,
         "KINBOX_GROUP_ID": group,
         "KINBOX_SCHEMA": schema,
-        "KINBOX_SESSION_TIMEOUT": "6",
-        "KINBOX_MAX_POLL_INTERVAL": "30",
-        "KINBOX_RETRY_INITIAL": "0.1",
-        "KINBOX_RETRY_MAX": "1",
-        "KINBOX_FAILPOINTS": failpoints,
         "INBOX_TEST_TOPIC": topic,
-        "INBOX_TEST_SLEEP": str(sleep),
-        **(env or {}),
+        **extra,
     }
-    args = [sys.executable, "-m", "kinbox.cli.main", "worker", "tests.integration.inbox_app:app"]
-    args += ["--processes", str(processes)]
-    for key, value in (FAST_GROUP if kafka is None else kafka).items():
-        args += ["-X", f"{key}={value}"]
-    return subprocess.Popen(args, cwd=ROOT, env=environ)

@@ -16,9 +16,10 @@ from typing import Any
 from kinbox.app import App
 from kinbox.config import Settings
 from tests.integration.failure_support import running
-from tests.integration.inbox_support import committed, wait_for
+from tests.integration.inbox_support import committed
 from tests.support.rawkafka import RawHeaders, RawRecord, produce_raw
 from tests.support.records import Read, read_topic
+from tests.support.waiting import wait_for
 
 
 @dataclass(frozen=True)

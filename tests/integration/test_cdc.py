@@ -20,6 +20,9 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from psycopg import sql
 
 from examples.lessons.app import TOPIC, app, complete_lesson, create_tables
@@ -40,8 +43,12 @@ from tests.integration.cdc_support import (
     search_path_url,
     write_wal,
 )
-from tests.integration.inbox_support import running, settings
-from tests.integration.outbox_support import Received, consume, count, wait_for
+from tests.integration.inbox_support import effects, running, settings
+from tests.integration.traced_app import STATEMENT_SPAN
+from tests.integration.traced_app import make_app as traced_app
+from tests.support.database import prepare_schema
+from tests.support.outbox import Received, consume, count
+from tests.support.waiting import wait_for
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -160,33 +167,68 @@ def test_complete_lesson_through_debezium_is_applied_once_in_key_order(
         assert [r.event_id for r in after] == [str(side_id), str(marker)]
 
 
-def test_a_trace_context_column_becomes_a_header_through_the_hook(
+def test_the_trace_context_columns_become_headers_by_default_and_null_adds_none(
     stack: Stack, connect: KafkaConnect, schema: str, db: Conn, make_topic: MakeTopic
 ) -> None:
-    # Given an outbox with a trace-context column (no DEFAULT: the writer fills it) ...
+    # Given an outbox migrated with its trace-context columns (no DEFAULT: the writer fills them)
     migrate(db, schema, [OUTBOX])
-    outbox_table = sql.Identifier(schema, "outbox")
-    db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN traceparent text").format(outbox_table))
     insert = sql.SQL(
-        "INSERT INTO {} (id, topic, aggregatetype, aggregateid, payload, traceparent)"
-        " VALUES (%s, %s, %s, 'k', '{{}}', %s)"
-    ).format(outbox_table)
+        "INSERT INTO {} (id, topic, aggregatetype, aggregateid, payload, traceparent, tracestate)"
+        " VALUES (%s, %s, %s, 'k', '{{}}', %s, %s)"
+    ).format(sql.Identifier(schema, "outbox"))
     topic = make_topic()
     traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     traced, untraced = uuid.uuid4(), uuid.uuid4()
-    # ... and the connector registered with `--header-column traceparent`
+    # ... and the connector registered as a user would (no --header-column)
     with (
-        outbox_connector(connect, stack.database_url, schema, header_columns=("traceparent",)),
+        outbox_connector(connect, stack.database_url, schema),
         psycopg.connect(stack.database_url) as conn,
     ):
         with conn.transaction():
-            conn.execute(insert, (traced, topic, topic, traceparent))
-            conn.execute(insert, (untraced, topic, topic, None))
+            conn.execute(insert, (traced, topic, topic, traceparent, "vendor=1"))
+            conn.execute(insert, (untraced, topic, topic, None, None))
         records = {r.event_id: r for r in consume(stack, topic, 2)}
-    # Then the column's value is the record's header, and a NULL adds no header
+    # Then the columns' values are the record's headers, and a NULL adds no header
     assert records[str(traced)].headers["traceparent"] == traceparent.encode()
+    assert records[str(traced)].headers["tracestate"] == b"vendor=1"
     assert "traceparent" not in records[str(untraced)].headers
+    assert "tracestate" not in records[str(untraced)].headers
     assert records[str(untraced)].headers["event-id"] == str(untraced).encode()
+
+
+def test_one_trace_runs_from_the_business_transaction_through_debezium_to_the_handler(
+    stack: Stack, connect: KafkaConnect, schema: str, db: Conn, make_topic: MakeTopic
+) -> None:
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    prepare_schema(stack.database_url, schema)
+    migrate(db, schema, [OUTBOX])
+    topic, group = make_topic(), f"cdc-traced-{uuid.uuid4().hex[:8]}"
+    with outbox_connector(connect, stack.database_url, schema):
+        # Given a business transaction, in a span, that enqueues an event
+        with (
+            provider.get_tracer("shop").start_as_current_span("CompleteLesson") as business,
+            psycopg.connect(stack.database_url) as conn,
+            conn.transaction(),
+        ):
+            event_id = str(enqueue(conn, topic, {"lesson": 1}, key="u1", schema=schema))
+        # When Debezium publishes it (the default connector config) and a worker applies it
+        app = traced_app(topic, schema, group, tracer_provider=provider)
+        config = settings(stack.bootstrap_servers, stack.database_url, group, schema)
+        with running(app, config):
+            wait_for(lambda: len(effects(db, schema, group)) == 1, 90, "the event applied")
+    # Then the handler's span is the business span's child, in its trace, and
+    # the handler's statement the handler span's child
+    finished = list(spans.get_finished_spans())
+    [processed] = [s for s in finished if s.name == f"process {topic}"]
+    [statement] = [s for s in finished if s.name == STATEMENT_SPAN]
+    context = business.get_span_context()
+    assert processed.context.trace_id == context.trace_id
+    assert processed.parent is not None and processed.parent.span_id == context.span_id
+    assert (processed.attributes or {})["messaging.message.id"] == event_id
+    assert statement.parent is not None
+    assert statement.parent.span_id == processed.context.span_id
 
 
 def test_connect_sigkilled_mid_stream_duplicates_are_suppressed(

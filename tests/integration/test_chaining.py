@@ -17,16 +17,10 @@ from kinbox.store.migrations import migrate
 from producer_outbox import enqueue
 from producer_outbox.schema import OUTBOX
 from tests.conftest import MakeTopic
-from tests.integration.inbox_support import (
-    Conn,
-    effects,
-    prepare_schema,
-    produce,
-    running,
-    settings,
-    wait_for,
-)
-from tests.integration.outbox_support import count, running_relay
+from tests.integration.inbox_support import effects, produce, running, settings
+from tests.support.database import Conn, prepare_schema
+from tests.support.outbox import count, running_relay
+from tests.support.waiting import wait_for
 
 _CHAIN = uuid.UUID("6f1c1c4e-0000-4000-8000-00000000c4a1")
 

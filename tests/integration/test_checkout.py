@@ -12,7 +12,7 @@ from kinbox.devstack.stack import Stack
 from kinbox.event import Event
 from kinbox.store import checkout
 from kinbox.store.postgres import PostgresInboxStore
-from tests.integration.inbox_support import Conn, prepare_schema
+from tests.support.database import Conn, prepare_schema
 
 
 def ev(event_id: str) -> Event:

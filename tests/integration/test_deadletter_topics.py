@@ -9,6 +9,7 @@ the dead-letter topic, with the ``kinbox.dlq.*`` headers cut to fit.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,26 +26,21 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourcePatternType,
     ResourceType,
 )
-from confluent_kafka.cimpl import NewTopic
 
+from kinbox.config import Settings
 from kinbox.devstack.kafka import KafkaBroker
 from kinbox.devstack.stack import Stack
 from kinbox.errors import ServiceError
-from kinbox.kafka.admin import HEADROOM_BYTES
+from kinbox.kafka.admin import HEADROOM_BYTES, DeadLetterTopic, check_dead_letter_topics
 from tests.conftest import cannot_start
+from tests.support.database import prepare_schema
 from tests.support.records import committed, read_topic
-from tests.support.workers import WorkerFactory, prepare_schema, wait_for, workers
+from tests.support.topics import create_topic
+from tests.support.waiting import wait_for
+from tests.support.workers import WorkerFactory, workers
 
 EXIT_CONFIG = 2
 POISON_EVERY = 1000  # effect_app: an id ending in a multiple of this is poison
-
-
-def create_topic(bootstrap: str, partitions: int, **config: str) -> str:
-    name = f"dl-{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)
-    admin.create_topics([topic])[name].result(timeout=30)
-    return name
 
 
 def topic_config(bootstrap: str, topic: str) -> tuple[int, int]:
@@ -104,7 +100,9 @@ def test_a_missing_dead_letter_topic_is_created_with_room_for_the_largest_source
     stack: Stack, factory: WorkerFactory
 ) -> None:
     # Given a source topic that takes records up to 60 kB and no dead-letter topic
-    source = create_topic(stack.bootstrap_servers, 2, **{"max.message.bytes": "60000"})
+    source = create_topic(
+        stack.bootstrap_servers, partitions=2, prefix="dl", config={"max.message.bytes": "60000"}
+    )
     # When a worker starts and meets a poison event of 59 kB
     letters, _ = poison_run(factory, source, 59_000)
     # Then the dead-letter topic was created like its source, with headroom
@@ -115,16 +113,57 @@ def test_a_missing_dead_letter_topic_is_created_with_room_for_the_largest_source
     assert letters[0].header("kinbox.dlq.error.message"), letters[0].headers
 
 
+def start_together(settings: Settings, source: str, members: int) -> list[DeadLetterTopic]:
+    """Run the start-up check of ``members`` members at the same moment; what each found."""
+    start = threading.Barrier(members)
+    found: list[DeadLetterTopic] = []
+    failed: list[BaseException] = []
+
+    def member() -> None:
+        start.wait(30)
+        try:
+            found.extend(check_dead_letter_topics(settings, {source: f"{source}.dlq"}).values())
+        except BaseException as exc:
+            failed.append(exc)
+
+    threads = [threading.Thread(target=member) for _ in range(members)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not failed, failed
+    return found
+
+
+def test_members_starting_together_all_pass_the_check_of_a_missing_dead_letter_topic(
+    stack: Stack,
+) -> None:
+    settings = Settings(
+        bootstrap_servers=stack.bootstrap_servers, database_url=stack.database_url,
+        group_id="dl-start",
+    ).validate()  # fmt: skip
+    # A few rounds: the race is between one member's CreateTopics and the others' reads.
+    for _ in range(4):
+        # Given the members of one worker starting at the same moment, each
+        # checking a dead-letter topic that does not exist yet
+        source = create_topic(stack.bootstrap_servers, partitions=2, prefix="dl")
+        # When they check it, Then every one passes (a topic another member
+        # created a moment ago is waited for, never a failed start) and one created it
+        found = start_together(settings, source, members=3)
+        assert len(found) == 3 and sum(topic.created for topic in found) == 1, found
+        assert topic_config(stack.bootstrap_servers, f"{source}.dlq")[0] == 2
+
+
 def test_headers_are_cut_to_fit_a_dead_letter_topic_that_is_barely_large_enough(
     stack: Stack, factory: WorkerFactory
 ) -> None:
     # Given a dead-letter topic whose limit leaves room for the record and only
     # about as much again as its essential headers take
-    source = create_topic(stack.bootstrap_servers, 2, **{"max.message.bytes": "60000"})
+    source = create_topic(
+        stack.bootstrap_servers, partitions=2, prefix="dl", config={"max.message.bytes": "60000"}
+    )
     dlq = f"{source}.dlq"
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
-    topic = NewTopic(dlq, 2, 1, config={"max.message.bytes": str(40_000 + 480)})
-    admin.create_topics([topic])[dlq].result(timeout=30)
+    create_topic(stack.bootstrap_servers, dlq, 2, config={"max.message.bytes": str(40_000 + 480)})
     # When a poison event of 40 kB is dead-lettered
     letters, log = poison_run(factory, source, 40_000)
     # Then the worker warned at start that larger records could not be dead-lettered
@@ -162,7 +201,7 @@ def test_a_dead_letter_topic_that_cannot_be_created_stops_the_worker_at_start(
     strict_broker: KafkaBroker, factory: WorkerFactory
 ) -> None:
     bootstrap = strict_broker.bootstrap_servers
-    factory.topic = create_topic(bootstrap, 1)
+    factory.topic = create_topic(bootstrap, partitions=1, prefix="dl")
     worker = factory.start("w", bootstrap=bootstrap)
     assert worker.wait(90) == EXIT_CONFIG, worker.log_tail()
     assert f"dead-letter topic '{factory.topic}.dlq'" in worker.log(), worker.log_tail()
@@ -174,10 +213,9 @@ def test_an_unwritable_dead_letter_topic_stops_the_worker_at_start(
     strict_broker: KafkaBroker, factory: WorkerFactory, may_describe: bool
 ) -> None:
     bootstrap = strict_broker.bootstrap_servers
-    factory.topic = create_topic(bootstrap, 1)
-    dlq = f"{factory.topic}.dlq"
+    factory.topic = create_topic(bootstrap, partitions=1, prefix="dl")
+    dlq = create_topic(bootstrap, f"{factory.topic}.dlq", 1)
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(dlq, 1, 1)])[dlq].result(timeout=30)
     # Any ACL on the topic ends "allow everyone": only what is granted is allowed.
     acls = [acl(dlq, AclOperation.WRITE, AclPermissionType.DENY)]
     if may_describe:

@@ -19,15 +19,14 @@ from tests.integration.failure_support import (
     statuses,
 )
 from tests.integration.inbox_support import (
-    Conn,
     assert_offsets_not_ahead,
     committed,
     effects,
-    prepare_schema,
     produce,
     settings,
-    wait_for,
 )
+from tests.support.database import Conn, prepare_schema
+from tests.support.waiting import wait_for
 
 
 def _produce_without_id(bootstrap: str, topic: str) -> None:

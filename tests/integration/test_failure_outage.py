@@ -8,26 +8,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 import uuid
 from collections import Counter
 
 import psycopg
 import pytest
+from confluent_kafka import Consumer
 
 from kinbox.devstack.postgres import PostgresServer
 from kinbox.devstack.stack import Stack
 from kinbox.event import Event
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import effect_app, running
-from tests.integration.inbox_support import (
-    assert_offsets_not_ahead,
-    committed,
-    prepare_schema,
-    produce,
-    settings,
-    wait_for,
-)
+from tests.integration.inbox_support import assert_offsets_not_ahead, committed, produce, settings
+from tests.support.database import prepare_schema, terminate_open_transactions
+from tests.support.waiting import wait_for
 
 N = 120
 
@@ -47,18 +44,6 @@ def _count(url: str, schema: str) -> Counter[str]:
         except psycopg.OperationalError:
             time.sleep(0.2)  # the server is restarting
     raise AssertionError("database did not come back")
-
-
-def _terminate_transactions(url: str) -> int:
-    # A batch whose handlers' statements are pipelined shows 'active' while
-    # they run, not 'idle in transaction': both are inside a transaction.
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            " AND state IN ('idle in transaction', 'active') AND xact_start IS NOT NULL"
-        ).fetchall()
-    return sum(1 for (ok,) in rows if ok)
 
 
 @pytest.mark.parametrize("fault", ["restart-immediate", "terminate-backend"])
@@ -85,7 +70,7 @@ def test_database_outage_mid_stream_applies_every_event_once(
             terminated = 0
             deadline = time.monotonic() + 20
             while terminated < 3 and time.monotonic() < deadline:
-                terminated += _terminate_transactions(postgres.url)
+                terminated += terminate_open_transactions(postgres.url)
                 time.sleep(0.05)
             assert terminated >= 1
         # Then the worker rides it out and catches up by itself
@@ -144,6 +129,74 @@ def test_handler_slower_than_max_poll_interval_stays_in_the_group(
     assert_offsets_not_ahead(db, schema, stack.bootstrap_servers, group, topic, 1, produced)
 
 
+def test_a_revoke_waits_half_the_consumers_own_max_poll_interval(
+    stack: Stack,
+    make_topic: MakeTopic,
+    schema: str,
+    db: psycopg.Connection[tuple[object, ...]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given -X max.poll.interval.ms=8000 over the max_poll_interval setting of
+    # 30 s (and a shutdown timeout of 30 s): the consumer's value is 8 s, so a
+    # revoke waits 4 s for a batch in flight (15 s with the setting's value)
+    caplog.set_level(logging.INFO, logger="kinbox")
+    topic = make_topic(partitions=1)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    prepare_schema(stack.database_url, schema)
+    release = threading.Event()
+
+    def held(event: Event) -> None:
+        if event.id == "slow":
+            release.wait(30)
+
+    produce(stack.bootstrap_servers, topic, [("slow", 0), ("b", 0)])
+    eager = {"partition.assignment.strategy": "range"}  # a join revokes every partition
+    base = settings(stack.bootstrap_servers, stack.database_url, group, schema)
+    config = dataclasses.replace(
+        base, shutdown_timeout=30, kafka_overrides={**base.kafka_overrides, **eager,
+        "max.poll.interval.ms": "8000"},
+    ).validate()  # fmt: skip
+    assert config.max_poll_interval == 30
+    leave = threading.Event()
+    with running(effect_app(topic, schema, group, held), config):
+        wait_for(lambda: "still running after" in caplog.text, 30, "the batch in flight")
+        # When a second member joins while the batch runs (its partition is revoked)
+        member = threading.Thread(
+            target=_member, args=(stack.bootstrap_servers, group, topic, eager, leave)
+        )
+        member.start()
+        try:
+            wait_for(lambda: "its offsets will not be committed" in caplog.text, 30, "the revoke")
+        finally:
+            release.set()
+            leave.set()
+            member.join(30)
+        # Then the revoke waited 4 s, not 15 s, while the handler still ran
+        [gave_up] = [
+            r.getMessage() for r in caplog.records if "will not be committed" in r.getMessage()
+        ]
+        assert "still running after 4.0s" in gave_up, gave_up
+        wait_for(lambda: committed(stack.bootstrap_servers, group, topic, 1) == {0: 2}, 60)
+    rows = db.execute(f"SELECT event_id FROM {schema}.effects ORDER BY seq").fetchall()
+    assert sorted(str(r[0]) for r in rows) == ["b", "slow"]
+
+
+def _member(
+    bootstrap: str, group: str, topic: str, config: dict[str, str], leave: threading.Event
+) -> None:
+    """A plain consumer of ``group`` that joins, polls (commits nothing) until ``leave``."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+         "session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "log_level": 3, **config}
+    )  # fmt: skip
+    consumer.subscribe([topic])
+    try:
+        while not leave.is_set():
+            consumer.poll(0.2)
+    finally:
+        consumer.close()
+
+
 def test_inbox_cleanup_deletes_old_rows_in_batches(
     stack: Stack, schema: str, db: psycopg.Connection[tuple[object, ...]]
 ) -> None:
@@ -161,11 +214,15 @@ def test_inbox_cleanup_deletes_old_rows_in_batches(
         f'INSERT INTO {schema}.processed_events (consumer, event_id, topic, partition, "offset")'
         " VALUES ('g', 'new', 't', 0, 99)"
     )
-    args = ["inbox", "cleanup", "--older-than", "14d", "--batch-size", "10"]
+    # Group g is unknown to Kafka, so its dedup window is too: only --force deletes
+    args = ["inbox", "cleanup", "--older-than", "14d", "--batch-size", "10", "--force"]
     result = CliRunner().invoke(
-        main, [*args, "--database-url", stack.database_url, "--schema", schema]
-    )
+        main,
+        [*args, "--database-url", stack.database_url, "--schema", schema,
+         "--bootstrap-servers", stack.bootstrap_servers],
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert "FORCED" in result.output
     assert "deleted 25 processed_events row(s) older than 14d" in result.output
     left = db.execute(f"SELECT event_id FROM {schema}.processed_events").fetchall()
     assert left == [("new",)]

@@ -16,7 +16,8 @@ from kinbox.errors import DeadLetter
 from kinbox.event import Event
 from kinbox.store.postgres import PostgresInboxStore
 from kinbox.testing import FakePublisher, record
-from tests.integration.inbox_support import Conn, effects, prepare_schema
+from tests.integration.inbox_support import effects
+from tests.support.database import Conn, prepare_schema
 
 
 def process(stack: Stack, schema: str, ids: list[str]) -> tuple[BatchResult, FakePublisher]:

@@ -20,17 +20,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient
-
-# (re-exported by confluent_kafka.admin, but not in a way mypy --strict accepts)
-from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
-from confluent_kafka.cimpl import NewTopic
 from psycopg import sql
 
 from kinbox.config import Settings
 from kinbox.devstack.stack import Stack
 from kinbox.errors import TransportError
-from kinbox.event import Event
 from kinbox.kafka import KafkaPublisher as DeadLetterPublisher
 from kinbox.kafka import read_topic
 from producer_outbox.publisher import KafkaPublisher as RelayPublisher
@@ -38,16 +32,13 @@ from producer_outbox.publisher import producer_config
 from producer_outbox.relay import Relay
 from producer_outbox.writer import enqueue
 from tests.conftest import MakeTopic
-from tests.integration.failure_support import effect_app, header, running, statuses
-from tests.integration.inbox_support import (
-    Conn,
-    committed,
-    effects,
-    prepare_schema,
-    settings,
-    wait_for,
-)
-from tests.integration.outbox_support import consume, migrate_outbox, relay_config
+from tests.integration.failure_support import header, poison_app, running, statuses
+from tests.integration.inbox_support import committed, effects, settings
+from tests.support.database import Conn, prepare_schema
+from tests.support.outbox import consume, migrate_outbox, relay_config
+from tests.support.records import set_max_message_bytes
+from tests.support.topics import create_topic
+from tests.support.waiting import wait_for
 
 GAPLESS = {"enable.gapless.guarantee": "true"}
 LIMIT = 1024
@@ -55,19 +46,12 @@ LIMIT = 1024
 
 
 def small_topic(stack: Stack, name: str) -> str:
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
-    topic = NewTopic(name, 1, 1, config={"max.message.bytes": str(LIMIT)})
-    admin.create_topics([topic])[name].result(30)
-    return name
+    return create_topic(stack.bootstrap_servers, name, 1, config={"max.message.bytes": str(LIMIT)})
 
 
 def raise_limit(stack: Stack, topic: str) -> None:
     """What an operator does once the dead letters are seen not to fit."""
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
-    entry = ConfigEntry("max.message.bytes", "1048576", incremental_operation=AlterConfigOpType.SET)
-    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
-    for future in admin.incremental_alter_configs([resource]).values():
-        future.result(30)
+    set_max_message_bytes(stack.bootstrap_servers, topic, 1048576)
 
 
 def test_dead_letter_publisher_replaces_the_producer_that_went_fatal(
@@ -104,11 +88,7 @@ def test_worker_rolls_back_a_dead_letter_lost_to_a_fatal_producer_and_delivers_i
     group = f"g-{uuid.uuid4().hex[:8]}"
     prepare_schema(stack.database_url, schema)
 
-    def before(event: Event) -> None:
-        if event.id == "poison":
-            raise ValueError("cannot be applied")
-
-    app = effect_app(topic, schema, group, before, max_attempts=1)
+    app = poison_app(topic, schema, group, max_attempts=1)
     config = settings(
         stack.bootstrap_servers, stack.database_url, group, schema, kafka_overrides=GAPLESS
     )
@@ -123,9 +103,11 @@ def test_worker_rolls_back_a_dead_letter_lost_to_a_fatal_producer_and_delivers_i
             lambda: caplog.text.count("dead-letter producer failed fatally") >= 2,
             what="two tries lost to a fatal producer",
         )
-        # Then nothing of the batch is committed meanwhile: it rolled back each time
-        assert committed(stack.bootstrap_servers, group, topic, 1) == {}
-        assert effects(db, schema) == []
+        # Then the partition holds at the poison record: the event before it
+        # is committed, nothing after it, and no dead letter is recorded
+        wait_for(lambda: committed(stack.bootstrap_servers, group, topic, 1) == {0: 1})
+        assert [row[1] for row in effects(db, schema)] == ["e1"]
+        assert "poison" not in statuses(db, schema, group)
         # When the topic takes the dead letter, the next try (on a new producer) delivers it
         raise_limit(stack, f"{topic}.dlq")
         wait_for(lambda: committed(stack.bootstrap_servers, group, topic, 1) == {0: 3})

@@ -11,15 +11,14 @@ import pytest
 from kinbox.devstack.stack import Stack
 from tests.conftest import MakeTopic
 from tests.integration.inbox_support import (
-    Conn,
     assert_offsets_not_ahead,
     committed,
     effects,
-    prepare_schema,
     produce,
     start_worker,
-    wait_for,
 )
+from tests.support.database import Conn, prepare_schema
+from tests.support.waiting import wait_for
 
 N = 20
 

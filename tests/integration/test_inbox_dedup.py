@@ -9,17 +9,17 @@ import pytest
 from kinbox.devstack.stack import Stack
 from tests.conftest import MakeTopic
 from tests.integration.inbox_support import (
-    Conn,
     app_for,
     assert_offsets_not_ahead,
     committed,
     effects,
-    prepare_schema,
     produce,
     running,
     settings,
-    wait_for,
 )
+from tests.integration.refusal_support import dead_letters, run_to_end, with_id, write
+from tests.support.database import Conn, prepare_schema
+from tests.support.waiting import wait_for
 
 
 def test_same_event_delivered_three_times_has_one_effect(
@@ -121,3 +121,35 @@ def test_failing_handler_is_retried_from_the_failed_offset_without_skipping(
     assert [row[1] for row in effects(db, schema)] == [f"e{i}" for i in range(10)]
     assert ("e4", 3) in attempts
     assert_offsets_not_ahead(db, schema, stack.bootstrap_servers, group, topic, 1, produced)
+
+
+def test_a_header_named_id_is_not_an_event_id_unless_configured(
+    stack: Stack, make_topic: MakeTopic, schema: str, db: Conn
+) -> None:
+    # Given two distinct events of one entity, whose producer puts the entity's
+    # id in a header named `id`, and a record that has only an `id` header
+    topic = make_topic(partitions=1)
+    prepare_schema(stack.database_url, schema)
+    entity = (b"id", b"order-7")
+    records = [(with_id("e1", entity), b"{}"), (with_id("e2", entity), b"{}")]
+    records.append(([(b"id", b"router-1")], b"{}"))
+    written = write(stack.bootstrap_servers, topic, records)
+    # When a group reads them with the default id headers (event-id, ce_id)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    config = settings(stack.bootstrap_servers, stack.database_url, group, schema)
+    assert config.id_headers == ("event-id", "ce_id")
+    assert run_to_end(app_for(topic, schema, group), config, written) == {0: 3}
+    # Then both events are applied (not merged on `id`), and the id-only record
+    # has no event id: dead-lettered, keyed on its position
+    assert [row[1] for row in effects(db, schema, group)] == ["e1", "e2"]
+    [letter] = dead_letters(stack.bootstrap_servers, topic)
+    assert letter.header("kinbox.dlq.reason") == "invalid-id"
+    # When another group turns `id` on, as with Debezium's outbox router
+    router = f"g-{uuid.uuid4().hex[:8]}"
+    config = settings(
+        stack.bootstrap_servers, stack.database_url, router, schema,
+        id_headers=("event-id", "ce_id", "id"),
+    )  # fmt: skip
+    assert run_to_end(app_for(topic, schema, router), config, written) == {0: 3}
+    # Then the id-only record is applied under its `id`; event-id still comes first
+    assert [row[1] for row in effects(db, schema, router)] == ["e1", "e2", "router-1"]

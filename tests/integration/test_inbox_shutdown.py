@@ -14,23 +14,28 @@ import psycopg
 from kinbox.devstack.stack import Stack
 from kinbox.ops.worker import EXIT_INTERRUPTED
 from tests.conftest import MakeTopic
-from tests.integration.inbox_support import (
-    Conn,
-    committed,
-    effects,
-    prepare_schema,
-    produce,
-    start_worker,
-    wait_for,
-)
+from tests.integration.inbox_support import committed, effects, produce, start_worker
+from tests.support.database import Conn, prepare_schema
+from tests.support.waiting import wait_for
 
 
-def _batch_in_flight(database_url: str) -> bool:
-    """A worker's inbox transaction is open: its claim ran, its handlers are running."""
+def _named(database_url: str, schema: str) -> str:
+    """``database_url`` with this test's own ``application_name``, so its worker is found."""
+    return f"{database_url}{'&' if '?' in database_url else '?'}application_name={schema}"
+
+
+def _batch_in_flight(database_url: str, schema: str) -> bool:
+    """This test's worker has its inbox transaction open: its claim ran, its handlers run.
+
+    Only its own backend counts: the server is shared with the rest of the
+    session, and another test's idle transaction (Connect's, say) must not
+    make this one signal a worker that has not installed its handlers yet.
+    """
     with psycopg.connect(database_url, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
-            " AND pid <> pg_backend_pid()"
+            " AND application_name = %s",
+            (schema,),
         ).fetchone()
     return bool(row and row[0])
 
@@ -58,9 +63,9 @@ def test_sigterm_finishes_the_batch_in_hand_and_commits_it(
     stack: Stack, make_topic: MakeTopic, schema: str, db: Conn
 ) -> None:
     topic, group = _three_events(stack, make_topic, schema)
-    addr = (stack.bootstrap_servers, stack.database_url, topic, group, schema)
+    addr = (stack.bootstrap_servers, _named(stack.database_url, schema), topic, group, schema)
     with _reaped(start_worker(*addr, sleep=1.0)) as worker:
-        wait_for(lambda: _batch_in_flight(stack.database_url), what="a batch in flight")
+        wait_for(lambda: _batch_in_flight(stack.database_url, schema), what="a batch in flight")
 
         # When SIGTERM arrives while the handlers of a 3-event batch run
         worker.send_signal(signal.SIGTERM)
@@ -75,9 +80,9 @@ def test_second_signal_exits_at_once_and_nothing_is_lost(
     stack: Stack, make_topic: MakeTopic, schema: str, db: Conn
 ) -> None:
     topic, group = _three_events(stack, make_topic, schema)
-    addr = (stack.bootstrap_servers, stack.database_url, topic, group, schema)
+    addr = (stack.bootstrap_servers, _named(stack.database_url, schema), topic, group, schema)
     with _reaped(start_worker(*addr, sleep=20.0)) as worker:
-        wait_for(lambda: _batch_in_flight(stack.database_url), what="a batch in flight")
+        wait_for(lambda: _batch_in_flight(stack.database_url, schema), what="a batch in flight")
 
         # When a second SIGTERM follows the first while a handler sleeps for 20 s
         worker.send_signal(signal.SIGTERM)
@@ -102,10 +107,10 @@ def test_shutdown_timeout_bounds_a_graceful_stop(
     stack: Stack, make_topic: MakeTopic, schema: str, db: Conn
 ) -> None:
     topic, group = _three_events(stack, make_topic, schema)
-    addr = (stack.bootstrap_servers, stack.database_url, topic, group, schema)
+    addr = (stack.bootstrap_servers, _named(stack.database_url, schema), topic, group, schema)
     env = {"KINBOX_SHUTDOWN_TIMEOUT": "2"}
     with _reaped(start_worker(*addr, sleep=30.0, env=env)) as worker:
-        wait_for(lambda: _batch_in_flight(stack.database_url), what="a batch in flight")
+        wait_for(lambda: _batch_in_flight(stack.database_url, schema), what="a batch in flight")
 
         # When one SIGTERM arrives and the handler would need 30 s more
         worker.send_signal(signal.SIGTERM)

@@ -19,8 +19,9 @@ from kinbox.devstack.stack import Stack
 from kinbox.store.postgres import apply_migrations
 from kinbox.store.schema import INBOX
 from tests.conftest import MakeTopic
-from tests.integration.inbox_support import ROOT
-from tests.integration.outbox_support import Conn, migrate_outbox
+from tests.support.database import Conn
+from tests.support.launch import ROOT
+from tests.support.outbox import migrate_outbox
 
 BAD = [
     (["-X", "no.such.property=1"], "no.such.property"),

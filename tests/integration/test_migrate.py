@@ -10,7 +10,7 @@ from psycopg import sql
 from kinbox.devstack.stack import Stack
 from kinbox.store.schema import INBOX
 from producer_outbox.schema import OUTBOX
-from tests.integration.inbox_support import Conn
+from tests.support.database import Conn
 
 
 def _migrate(stack: Stack, schema: str) -> subprocess.Popen[str]:

@@ -7,13 +7,8 @@ import json
 from psycopg import sql
 
 from kinbox.devstack.stack import Stack
-from tests.integration.outbox_support import (
-    Conn,
-    count,
-    enqueue_many,
-    migrate_outbox,
-    outbox_command,
-)
+from tests.support.database import Conn
+from tests.support.outbox import count, enqueue_many, migrate_outbox, outbox_command
 
 
 def test_status_shows_backlog_and_parked_rows_and_cleanup_removes_only_old_sent(
@@ -98,14 +93,14 @@ def test_cleanup_under_cdc_goes_by_age_whatever_the_status(
 def test_debezium_register_refuses_a_header_column_with_a_default_or_none_at_all(
     stack: Stack, schema: str, db: Conn
 ) -> None:
-    # Given a trace column with a DEFAULT, which Debezium would publish for a NULL
+    # Given a header column with a DEFAULT, which Debezium would publish for a NULL
     migrate_outbox(db, schema)
     db.execute(
-        sql.SQL("ALTER TABLE {} ADD COLUMN traceparent text DEFAULT ''").format(
+        sql.SQL("ALTER TABLE {} ADD COLUMN tenant text DEFAULT ''").format(
             sql.Identifier(schema, "outbox")
         )
     )
-    for column, reason in (("traceparent", "has a DEFAULT"), ("tracestate", "no such column")):
+    for column, reason in (("tenant", "has a DEFAULT"), ("region", "no such column")):
         # When it is registered as a header column (Connect is never reached)
         refused = outbox_command(
             stack, schema, "debezium-config", "--register", "http://127.0.0.1:9",

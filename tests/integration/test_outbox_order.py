@@ -17,15 +17,9 @@ from psycopg import sql
 from kinbox.devstack.stack import Stack
 from producer_outbox.writer import enqueue
 from tests.conftest import MakeTopic
-from tests.integration.outbox_support import (
-    Conn,
-    consume,
-    count,
-    migrate_outbox,
-    running_relay,
-    same_lane_key,
-    wait_for,
-)
+from tests.support.database import Conn
+from tests.support.outbox import consume, count, migrate_outbox, running_relay, same_lane_key
+from tests.support.waiting import wait_for
 
 LANES = 8
 

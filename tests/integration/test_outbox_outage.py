@@ -8,15 +8,9 @@ import psycopg
 
 from kinbox.devstack.stack import Stack
 from tests.conftest import MakeTopic
-from tests.integration.outbox_support import (
-    Conn,
-    consume,
-    count,
-    enqueue_many,
-    migrate_outbox,
-    running_relay,
-    wait_for,
-)
+from tests.support.database import Conn
+from tests.support.outbox import consume, count, enqueue_many, migrate_outbox, running_relay
+from tests.support.waiting import wait_for
 
 BATCH = 10
 

@@ -3,35 +3,33 @@
 from __future__ import annotations
 
 import json
-import uuid
 
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
-from confluent_kafka.cimpl import NewTopic
 
 from kinbox.devstack.stack import Stack
 from producer_outbox.writer import enqueue
-from tests.integration.outbox_support import (
-    Conn,
+from tests.support.database import Conn
+from tests.support.outbox import (
     consume,
     count,
     migrate_outbox,
     outbox_command,
     outbox_rows,
     running_relay,
-    wait_for,
 )
+from tests.support.topics import create_topic
+from tests.support.waiting import wait_for
 
 LIMIT = 1000  # the topic's max.message.bytes; the client's own limit stays at 1 MB
 
 
 def _topic_with_limit(stack: Stack, limit: int) -> tuple[AdminClient, str]:
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
-    name = f"parked-{uuid.uuid4().hex[:12]}"
-    topic = NewTopic(name, num_partitions=3, replication_factor=1,
-                     config={"max.message.bytes": str(limit)})  # fmt: skip
-    admin.create_topics([topic])[name].result(timeout=30)
-    return admin, name
+    name = create_topic(
+        stack.bootstrap_servers, partitions=3, prefix="parked",
+        config={"max.message.bytes": str(limit)},
+    )  # fmt: skip
+    return AdminClient({"bootstrap.servers": stack.bootstrap_servers}), name
 
 
 def _raise_limit(admin: AdminClient, topic: str, limit: int) -> None:

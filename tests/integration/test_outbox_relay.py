@@ -15,14 +15,9 @@ from kinbox.devstack.stack import Stack
 from producer_outbox.cleanup import delete_sent
 from producer_outbox.writer import enqueue
 from tests.conftest import MakeTopic
-from tests.integration.outbox_support import (
-    Conn,
-    consume,
-    count,
-    migrate_outbox,
-    running_relay,
-    wait_for,
-)
+from tests.support.database import Conn
+from tests.support.outbox import consume, count, migrate_outbox, running_relay
+from tests.support.waiting import wait_for
 
 
 def test_rows_reach_kafka_with_key_and_headers(

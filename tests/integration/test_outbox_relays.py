@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -13,32 +12,26 @@ import pytest
 
 from kinbox.devstack.stack import Stack
 from tests.conftest import MakeTopic
-from tests.integration.outbox_support import (
-    Conn,
+from tests.support.database import Conn
+from tests.support.outbox import (
     Received,
+    assert_key_order,
     consume,
     count,
     enqueue_many,
     migrate_outbox,
     relay_process,
     running_relay,
-    wait_for,
 )
+from tests.support.waiting import wait_for
 
 
 def _assert_key_order(received: list[Received]) -> None:
-    """Per key, the first delivery of each event comes in write order (n increasing)."""
-    seen: set[str] = set()
-    by_key: dict[str | None, list[int]] = defaultdict(list)
+    """Per key, the first delivery of each event comes in write order, all on one partition."""
+    assert_key_order(received)
     partitions: dict[str | None, set[int]] = defaultdict(set)
     for record in received:
         partitions[record.key].add(record.partition)
-        if record.event_id in seen:
-            continue
-        seen.add(record.event_id)
-        by_key[record.key].append(json.loads(record.value)["n"])
-    for key, ns in by_key.items():
-        assert ns == sorted(ns), f"key {key!r} out of order: {ns}"
     assert all(len(p) == 1 for p in partitions.values())
 
 

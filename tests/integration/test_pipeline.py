@@ -23,7 +23,8 @@ from kinbox.errors import DeadLetter
 from kinbox.event import Event
 from kinbox.store.postgres import PostgresInboxStore
 from kinbox.testing import FakePublisher, record
-from tests.integration.inbox_support import Conn, effects, prepare_schema
+from tests.integration.inbox_support import effects
+from tests.support.database import Conn, prepare_schema
 
 IDS = ["e0", "e1", "bad", "e3", "e4", "e5"]
 """``bad`` (offset 2) writes an amount its table's CHECK refuses; the others are fine."""

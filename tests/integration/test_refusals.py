@@ -28,14 +28,7 @@ from kinbox.errors import DeadLetter
 from kinbox.event import Event
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import running, statuses
-from tests.integration.inbox_support import (
-    Conn,
-    committed,
-    effects,
-    prepare_schema,
-    settings,
-    wait_for,
-)
+from tests.integration.inbox_support import committed, effects, settings
 from tests.integration.refusal_support import (
     dead_letters,
     payload,
@@ -43,6 +36,8 @@ from tests.integration.refusal_support import (
     with_id,
     write,
 )
+from tests.support.database import Conn, prepare_schema
+from tests.support.waiting import wait_for
 
 
 def _group() -> str:

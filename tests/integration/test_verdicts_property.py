@@ -38,7 +38,6 @@ import psycopg
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
@@ -50,9 +49,13 @@ from kinbox.devstack.stack import Stack
 from kinbox.errors import EnvelopeError
 from kinbox.event import Event
 from tests.integration.failure_support import running
-from tests.integration.inbox_support import FAST_GROUP, committed, prepare_schema, wait_for
+from tests.integration.inbox_support import committed
+from tests.support.database import drop_schema, prepare_schema
+from tests.support.launch import FAST_GROUP, FAST_TIMINGS, Timings
 from tests.support.rawkafka import RawRecord, produce_raw
 from tests.support.records import read_topic
+from tests.support.topics import create_topic
+from tests.support.waiting import wait_for
 
 PARTITIONS = 2
 MAX_ATTEMPTS = 2
@@ -197,23 +200,23 @@ def world(stack: Stack) -> Iterator[World]:
     world = World(
         stack.bootstrap_servers, stack.database_url, f"prop-{tag}", f"prop_{tag}", f"g-{tag}"
     )
-    admin = AdminClient({"bootstrap.servers": world.bootstrap})
-    created = admin.create_topics([NewTopic(world.topic, PARTITIONS, 1)])
-    created[world.topic].result(timeout=30)
+    create_topic(world.bootstrap, world.topic, PARTITIONS)
     prepare_schema(world.database_url, world.schema)
     _create_tables(world.database_url, world.schema)
+    timings: Timings = {**FAST_TIMINGS, "retry_initial": 0.05, "retry_max": 0.2}
     config = Settings(
         bootstrap_servers=world.bootstrap, database_url=world.database_url,
-        group_id=world.group, schema=world.schema, session_timeout=6, max_poll_interval=30,
-        retry_initial=0.05, retry_max=0.2, kafka_overrides=dict(FAST_GROUP),
+        group_id=world.group, schema=world.schema,
+        **timings,
+        kafka_overrides=dict(FAST_GROUP),
         id_headers=ID_HEADERS,  # all three, `id` included: the records use each
     ).validate()  # fmt: skip
     try:
         with running(_app(world), config):
             yield world
     finally:
-        with psycopg.connect(world.database_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(world.schema)))
+        drop_schema(world.database_url, world.schema)
+        admin = AdminClient({"bootstrap.servers": world.bootstrap})
         for future in admin.delete_topics([world.topic, f"{world.topic}.dlq"]).values():
             with contextlib.suppress(KafkaException):  # no dead letter: no topic
                 future.result(timeout=30)

@@ -16,7 +16,9 @@ from confluent_kafka.admin import AdminClient
 from kinbox.cli.support import EXIT_FATAL
 from kinbox.devstack.stack import Stack
 from tests.conftest import MakeTopic
-from tests.support.workers import Worker, prepare_schema, wait_for, workers
+from tests.support.database import prepare_schema
+from tests.support.waiting import wait_for
+from tests.support.workers import Worker, workers
 
 STATIC = {"group.instance.id": "svc"}
 TWO = ["--processes", "2"]

@@ -23,6 +23,10 @@ Behaviour, by environment variable:
     ``FAULT_SLOW_SECONDS``), so a test can release it exactly when its fault is
     in place. A held call writes ``w <partition> <offset> <id> begin|end <time>``
     lines (``time.monotonic()``: one clock for every process on the machine).
+``FAULT_BROKEN_UNLESS``
+    a path: until a file exists there, the handler raises
+    :class:`BrokenDeployError` for every event (a bad deploy; creating the
+    file is the fix).
 ``FAULT_VALUES``
     the name of a table in ``KINBOX_SCHEMA`` (the scenario creates it, see
     :data:`VALUES_DDL`) into which the handler also writes the payload's
@@ -39,6 +43,11 @@ Behaviour, by environment variable:
     written with ``os.write`` on an ``O_APPEND`` descriptor, so they survive a
     SIGKILL a moment later; the scoreboard's delivery counts come from here.
 
+``SIGUSR1``
+    makes the process write the Python stack of every thread to its stderr
+    (the worker's log), without stopping it: a test that waited in vain for
+    a member asks it where it is stuck (:meth:`tests.support.workers.Worker.dump_stacks`).
+
 The ``d`` and ``r`` lines come from a :class:`kinbox.Middleware`
 (``DeliveryLog``): counting what the consumer really received is the only way
 to tell "no redelivery" from "redelivered and suppressed".
@@ -46,7 +55,9 @@ to tell "no redelivery" from "redelivered and suppressed".
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -69,6 +80,7 @@ SLOW_SECONDS = float(os.environ.get("FAULT_SLOW_SECONDS", "0"))
 GATE = os.environ.get("FAULT_GATE", "")
 LOG_DIR = os.environ.get("FAULT_LOG_DIR", "")
 VALUES = os.environ.get("FAULT_VALUES", "")
+BROKEN_UNLESS = os.environ.get("FAULT_BROKEN_UNLESS", "")
 
 VALUES_DDL = (
     "CREATE TABLE {0}.{1} (event_id text, short varchar(8), n integer, note text, big text,"
@@ -81,9 +93,18 @@ class TransientHandlerError(RuntimeError):
     """Raised by the handler on purpose: the next attempt succeeds."""
 
 
+class BrokenDeployError(RuntimeError):
+    """Raised for every event until the fix is deployed (``FAULT_BROKEN_UNLESS``)."""
+
+
 class PoisonError(ValueError):
     """Raised by the handler on purpose on every attempt: the event can never be applied."""
 
+
+# faulthandler writes from its C-level signal handler: a Python handler would
+# wait for the main thread to reach its next bytecode, which a thread blocked
+# inside librdkafka never does.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 _fd = (
     os.open(
@@ -146,6 +167,8 @@ def apply_effect(event: Event, tx: Any) -> None:
         time.sleep(SLEEP)
     if event.id in SLOW_IDS:
         _hold(event)
+    if BROKEN_UNLESS and not os.path.exists(BROKEN_UNLESS):
+        raise BrokenDeployError(f"bad deploy: {event.id} fails like every event")
     if POISON_EVERY and _every(event.id, POISON_EVERY):
         raise PoisonError(f"injected poison: {event.id} can never be applied")
     if FAIL_TIMES and event.attempt <= FAIL_TIMES and _every(event.id, FAIL_EVERY):

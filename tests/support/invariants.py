@@ -32,6 +32,17 @@ def effect_counts(database_url: str, schema: str, table: str = "effects") -> Cou
     return Counter({r[0]: int(r[1]) for r in rows})
 
 
+def effects_by_pid(database_url: str, schema: str, table: str = "effects") -> dict[int, int]:
+    """How many effect rows each worker process (by pid) wrote."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT pid, count(*) FROM {}.{} GROUP BY pid").format(
+                sql.Identifier(schema), sql.Identifier(table)
+            )
+        ).fetchall()
+    return {int(pid): int(n) for pid, n in rows}
+
+
 def processed(database_url: str, schema: str, group: str) -> dict[str, str]:
     """``processed_events`` of ``group``: event id -> status."""
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -53,7 +64,10 @@ def offsets_behind_database(
     database lacks at the later read it also lacked when the offset was seen.
     """
     offsets = committed(bootstrap, group, produced.topic, produced.partitions)
-    done = processed(database_url, schema, group)
+    return _behind(offsets, set(processed(database_url, schema, group)), produced)
+
+
+def _behind(offsets: dict[int, int], done: set[str], produced: Produced) -> list[str]:
     return [
         f"partition {p} committed at {offsets[p]} but event {eid!r} at offset {o} is not in "
         f"processed_events"
@@ -67,26 +81,56 @@ class OffsetSampler:
 
     Read errors while a service is down are expected and skipped; a violation
     is kept and reported by :meth:`violations`.
+
+    Args:
+        produced: the records the group consumes; ``None`` when they are
+            known only at the end (a relay publishes them): each sample is
+            then kept and judged by :meth:`violations`, given the records.
+        topic: the topic, when ``produced`` is ``None``.
+        partitions: its partition count, when ``produced`` is ``None``.
+        monotonic: also report a committed offset that moves back (a zombie
+            member's stale commit getting through, say); only where nothing
+            resets offsets on purpose.
     """
 
     def __init__(
-        self, database_url: str, schema: str, bootstrap: str, group: str, produced: Produced,
-        interval: float = 0.5,
+        self, database_url: str, schema: str, bootstrap: str, group: str,
+        produced: Produced | None, interval: float = 0.5, *, topic: str = "",
+        partitions: int = 0, monotonic: bool = False,
     ) -> None:  # fmt: skip
-        self._args = (database_url, schema, bootstrap, group, produced)
+        self._database_url, self._schema, self._group = database_url, schema, group
+        self._bootstrap = bootstrap
+        self._produced = produced
+        self._topic = produced.topic if produced else topic
+        self._partitions = produced.partitions if produced else partitions
+        self._monotonic = monotonic
         self._interval = interval
         self._stop = threading.Event()
         self._found: list[str] = []
+        self._kept: list[tuple[dict[int, int], set[str]]] = []
+        self._last: dict[int, int] = {}
         self.samples = 0
         self._thread = threading.Thread(target=self._run, name="offset-sampler", daemon=True)
 
     def _sample(self) -> None:
         try:
-            found = offsets_behind_database(*self._args)
+            # The offsets first: see offsets_behind_database.
+            offsets = committed(self._bootstrap, self._group, self._topic, self._partitions)
+            done = set(processed(self._database_url, self._schema, self._group))
         except (AssertionError, psycopg.Error, KafkaException):
             return  # a service is down right now: that is the fault, not a finding
         self.samples += 1
-        self._found.extend(found)
+        if self._monotonic:
+            self._found += [
+                f"partition {p}'s committed offset went back from {self._last[p]} to {o}"
+                for p, o in sorted(offsets.items())
+                if o < self._last.get(p, -1)
+            ]
+            self._last.update(offsets)
+        if self._produced is None:
+            self._kept.append((offsets, done))
+        else:
+            self._found.extend(_behind(offsets, done, self._produced))
 
     def _run(self) -> None:
         while True:
@@ -103,9 +147,13 @@ class OffsetSampler:
         self._thread.join(30)
         self._sample()  # one more after the fault: short faults end before the first tick
 
-    def violations(self) -> list[str]:
-        """Invariant-2 violations seen while sampling."""
-        return list(self._found)
+    def violations(self, produced: Produced | None = None) -> list[str]:
+        """Invariant-2 violations seen while sampling (``produced``: if unknown until now)."""
+        found = list(self._found)
+        if produced is not None:
+            for offsets, done in self._kept:
+                found.extend(_behind(offsets, done, produced))
+        return found
 
 
 def order_violations(database_url: str, schema: str, table: str = "effects") -> list[str]:

@@ -1,8 +1,9 @@
 """Records in and out of the real broker: the producer, a topic reader, committed offsets.
 
-The fault suite writes its events here (with delivery reports, so it knows each
-record's partition and offset), reads dead-letter topics back, and reads the
-group's committed offsets from the broker.
+The fault suite and the integration tests write their events here (with
+delivery reports, so they know each record's partition and offset), read
+dead-letter topics back, read the group's committed offsets from the broker,
+and change a topic's record size limit as an operator would.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ from __future__ import annotations
 import functools
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+# (re-exported by confluent_kafka.admin, but not in a way mypy --strict accepts)
+from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,9 @@ class Produced:
     partitions: int
     records: dict[tuple[int, int], str]
     """(partition, offset) -> event id."""
+    ends: dict[int, int] | None = None
+    """The partitions' log end offsets, where they lie past the last record +1
+    (a transaction's commit marker takes an offset); by default from ``records``."""
 
     @property
     def ids(self) -> set[str]:
@@ -32,7 +40,9 @@ class Produced:
         return set(self.records.values())
 
     def end_offsets(self) -> dict[int, int]:
-        """Next offset after the last record, per partition written to."""
+        """Next offset after the last record (or the log's end), per partition written to."""
+        if self.ends is not None:
+            return dict(self.ends)
         ends: dict[int, int] = {}
         for partition, offset in self.records:
             ends[partition] = max(ends.get(partition, 0), offset + 1)
@@ -78,6 +88,18 @@ def produce_plan(
     record has no valid id, so kinbox keys it on ``topic/partition/offset``
     (dead-lettered or derived), which is filled in from the delivery report.
     """
+    return Produced(topic, partitions, write_records(bootstrap, topic, items))
+
+
+def write_records(
+    bootstrap: str, topic: str, items: Sequence[tuple[int, Headers, str | None]]
+) -> dict[tuple[int, int], str]:
+    """Write ``items`` as :func:`produce_plan` does; return ``(partition, offset) -> id``.
+
+    The one producer of the tests that need each record's place: an idempotent
+    producer, so a retried send never writes a record twice, with a delivery
+    report per record; fails unless every record was acknowledged.
+    """
     records: dict[tuple[int, int], str] = {}
     errors: list[str] = []
 
@@ -104,7 +126,7 @@ def produce_plan(
         producer.poll(0)
     left = producer.flush(60)
     assert left == 0 and not errors, f"produce failed: {left} undelivered, errors {errors[:3]}"
-    return Produced(topic, partitions, records)
+    return records
 
 
 @dataclass(frozen=True)
@@ -206,3 +228,52 @@ def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[i
     finally:
         consumer.close()
     return {tp.partition: tp.offset for tp in parts if tp.offset >= 0}
+
+
+def log_ends(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    """Each partition's high watermark: the offset after the last committed record or marker."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fault-ends", "log_level": 3})
+    try:
+        return {
+            p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def set_max_message_bytes(bootstrap: str, topic: str, limit: int) -> None:
+    """Set ``topic``'s ``max.message.bytes``, as an operator would.
+
+    The broker applies a topic's configuration asynchronously, so a lowered
+    limit is waited for: until a probe over it is refused (a probe taken
+    before that is deleted again, so the topic holds only what the test
+    expects). A raised limit is not probed.
+    """
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entry = ConfigEntry(
+        "max.message.bytes", str(limit), incremental_operation=AlterConfigOpType.SET
+    )
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+    deadline = time.monotonic() + 30
+    while limit < 64 * 1024 and not _refuses(admin, bootstrap, topic, b"p" * (limit + 1)):
+        assert time.monotonic() < deadline, f"{topic}'s max.message.bytes={limit} never held"
+        time.sleep(0.2)
+
+
+def _refuses(admin: AdminClient, bootstrap: str, topic: str, value: bytes) -> bool:
+    """Whether the broker refuses ``value`` on ``topic`` for its size (if not, delete it)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "log_level": 3})
+    reports: list[tuple[KafkaError | None, Any]] = []
+    producer.produce(topic, value, partition=0, on_delivery=lambda e, m: reports.append((e, m)))
+    assert producer.flush(30) == 0, f"probe of {topic} not acknowledged"
+    [(err, msg)] = reports
+    if err is not None:
+        assert err.code() == KafkaError.MSG_SIZE_TOO_LARGE, f"probing {topic}: {err}"
+        return True
+    taken = TopicPartition(topic, 0, msg.offset() + 1)
+    for future in admin.delete_records([taken]).values():
+        future.result(timeout=30)
+    return False

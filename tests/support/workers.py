@@ -1,7 +1,8 @@
 """Real ``kinbox worker`` processes for the fault suite, their delivery logs, and the drain.
 
 Workers are subprocesses running :mod:`tests.support.effect_app` against the
-real broker and the real database; what they received is read back from the
+real broker and the real database, with the short timings of
+:mod:`tests.support.launch`; what they received is read back from the
 delivery logs the app writes. :mod:`tests.support.records` produces and reads
 records, :mod:`tests.support.invariants` checks the outcome.
 """
@@ -13,60 +14,20 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import psycopg
-from psycopg import sql
+from tests.support.launch import FAST_KAFKA, FAST_TIMINGS, ROOT, timing_env, worker_argv
+from tests.support.records import Produced, committed
+from tests.support.waiting import wait_for
 
-from kinbox.store.postgres import apply_migrations
-from kinbox.store.schema import INBOX
-from tests.support.records import Produced
-from tests.support.records import committed as committed  # also used by tests/integration
-
-ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.support.effect_app:app"
-Conn = psycopg.Connection[tuple[Any, ...]]
 
-# Short timeouts so a killed member leaves the group in seconds, not 45.
-FAST_KAFKA = {
-    "heartbeat.interval.ms": "500",
-    "topic.metadata.refresh.interval.ms": "2000",
-    "reconnect.backoff.max.ms": "1000",
-}
-FAST_ENV = {
-    "KINBOX_SESSION_TIMEOUT": "6",
-    "KINBOX_MAX_POLL_INTERVAL": "30",
-    "KINBOX_RETRY_INITIAL": "0.1",
-    "KINBOX_RETRY_MAX": "1",
-    "KINBOX_SHUTDOWN_TIMEOUT": "20",
-}
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``condition`` every 0.1 s; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
-
-
-def prepare_schema(database_url: str, schema: str, table: str = "effects") -> None:
-    """Migrate the inbox into ``schema`` and create the effect table (no unique key on ids)."""
-    apply_migrations(database_url, schema, [INBOX])
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {}.{} (seq bigserial PRIMARY KEY, event_id text,"
-                ' topic text, partition int, "offset" bigint, pid int)'
-            ).format(sql.Identifier(schema), sql.Identifier(table))
-        )
+FAST_ENV = timing_env({**FAST_TIMINGS, "shutdown_timeout": 20})
+"""The workers' ``KINBOX_*`` timings: a killed member leaves the group in seconds, not 45."""
 
 
 # -- worker processes --
@@ -95,6 +56,23 @@ class Worker:
         return f"--- {self.name} (pid {self.pid}) log tail ---\n" + "\n".join(
             "    " + line for line in tail
         )
+
+    def dump_stacks(self, settle: float = 1.0) -> None:
+        """Have a live worker write every thread's Python stack into its log (``SIGUSR1``).
+
+        For a wait that failed: the log then says where the member is stuck,
+        a blocked C call (librdkafka, psycopg) included. The handler is
+        :mod:`tests.support.effect_app`'s, the app of every worker this
+        factory starts. ``settle``: seconds given to the dump to reach the file.
+        """
+        if self.proc.poll() is None:
+            self.signal(signal.SIGUSR1)
+            time.sleep(settle)
+
+    def stuck_report(self, lines: int = 80) -> str:
+        """The log tail after :meth:`dump_stacks`, and where the whole log is kept."""
+        self.dump_stacks()
+        return f"{self.log_tail(lines)}\n    (whole log: {self.log_path})"
 
     def wait_log(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
         """Wait until the log matches ``pattern`` (a regex); fail if the worker exits first."""
@@ -195,18 +173,15 @@ class WorkerFactory:
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
-        argv = [
-            sys.executable, "-m", "kinbox.cli.main", "worker", APP,
+        options = [
             "--bootstrap-servers", bootstrap or self.bootstrap,
             "--database-url", database_url or self.database_url,
             "--group-id", self.group,
             "--schema", self.schema,
             "--batch-max-messages", str(batch_max_messages),
+            *args,
         ]  # fmt: skip
-        for key, value in {**FAST_KAFKA, **(kafka or {})}.items():
-            if value is not None:
-                argv += ["-X", f"{key}={value}"]
-        argv += list(args)
+        argv = worker_argv(APP, options, {**FAST_KAFKA, **(kafka or {})})
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
@@ -279,13 +254,14 @@ def drain(
     timeout: float = 90.0,
     name: str = "drain",
     args: Sequence[str] = (),
+    kafka: Mapping[str, str | None] | None = None,
 ) -> Worker:
     """Run a clean worker until the group's committed offsets reach the end, then stop it.
 
     Fails (with the worker's log) if the offsets do not get there: a stuck
     partition is a finding, not something to wait out.
     """
-    worker = factory.start(name, args=args)
+    worker = factory.start(name, args=args, kafka=kafka)
     # Joined first: with the offsets already at the end, a SIGTERM during
     # start-up would otherwise hit the process before its handlers exist.
     worker.wait_assigned(timeout)
@@ -300,7 +276,7 @@ def drain(
     try:
         wait_for(caught_up, timeout, f"committed offsets to reach {ends}")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{worker.log_tail()}") from None
+        raise AssertionError(f"{exc}\n{worker.stuck_report()}") from None
     status = worker.stop()
     assert status == 0, f"{name} exited {status} on SIGTERM\n{worker.log_tail()}"
     return worker

@@ -13,7 +13,7 @@ from kinbox.bench import command, report
 from kinbox.bench.cdc import Arrival, check_backlog
 from kinbox.bench.command import bench
 from kinbox.bench.contenders import CONTENDERS
-from kinbox.bench.effects import CheckFailed, Tally, gap
+from kinbox.bench.effects import CheckFailed, Tally, gap, redelivered
 from kinbox.bench.harness import Outcome, rotated
 from kinbox.bench.progress import Bar
 from kinbox.bench.resources import Interrupted
@@ -72,6 +72,25 @@ def test_at_least_once_check_counts_duplicates_applied() -> None:
 
 def test_redelivered_gap_is_the_database_frontier_past_the_committed_offsets() -> None:
     assert gap({0: 10, 1: 5, 2: 7}, {0: 8, 1: 5}) == 2 + 0 + 7
+
+
+def test_a_batch_the_next_member_never_reached_is_redelivered_once_not_per_kill() -> None:
+    # Given a first member killed after applying partition 0's batch (104 records)
+    assert redelivered({0: 104}, {0: 104}, {}, exactly_once=False) == 104
+    # When the restarted member's first batch is partition 1's and it is killed too,
+    # partition 0's batch is still past the committed offsets, but only partition
+    # 1's is this member's: partition 0's is delivered again once, after the restart.
+    for exactly_once in (False, True):
+        assert redelivered({0: 104, 1: 100}, {1: 100}, {}, exactly_once=exactly_once) == 100
+    # Had it taken partition 0 again, an at-least-once member applies it again ...
+    assert redelivered({0: 104}, {0: 104}, {}, exactly_once=False) == 104
+    # ... and an exactly-once member leaves no trace of the batch it suppressed,
+    # which a restarted member re-reads from the committed offset.
+    assert redelivered({0: 104}, {}, {}, exactly_once=True) == 104
+    assert redelivered({0: 104, 2: 9}, {2: 9}, {0: 104, 2: 4}, exactly_once=True) == 5
+    # A member committing every event that applied fresh ones on partition 2, then
+    # was killed after re-applying partition 0's pending event (suppressed: no row).
+    assert redelivered({0: 5, 2: 9}, {2: 9}, {0: 4, 2: 9}, exactly_once=True) == 1
 
 
 def _run(contender: str, rate: float | None, rep: int = 0, **kw: object) -> RunResult:

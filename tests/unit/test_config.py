@@ -108,6 +108,15 @@ def test_effective_values_match_the_consumer_configuration() -> None:
     assert int(config["session.timeout.ms"]) / 1000 == s.effective_session_timeout
 
 
+def test_the_consumer_reads_committed_transactions_only_unless_told() -> None:
+    from kinbox.kafka.consumer import consumer_config
+
+    # An aborted transaction's records must never reach a handler.
+    assert consumer_config(valid().validate())["isolation.level"] == "read_committed"
+    uncommitted = valid(kafka_overrides={"isolation.level": "read_uncommitted"}).validate()
+    assert consumer_config(uncommitted)["isolation.level"] == "read_uncommitted"
+
+
 def test_kip848_leaves_the_session_timeout_to_the_broker() -> None:
     # librdkafka refuses session.timeout.ms under group.protocol=consumer, so
     # the settings' value is never compared with the poll interval there
@@ -124,3 +133,12 @@ def test_each_member_gets_its_own_static_instance_id() -> None:
     # Without static membership nothing changes
     dynamic = valid().validate()
     assert dynamic.for_member(1) is dynamic
+
+
+def test_each_member_serves_its_metrics_on_a_port_of_its_own() -> None:
+    s = Settings(database_url="x", group_id="g", metrics_port=9464).validate()
+    assert [s.for_member(i).metrics_port for i in range(3)] == [9464, 9465, 9466]
+    assert Settings(database_url="x", group_id="g").for_member(2).metrics_port == 0
+    with pytest.raises(ConfigurationError, match="metrics_port=70000"):
+        Settings(database_url="x", group_id="g", metrics_port=70000).validate()
+    assert Settings.load(env={"KINBOX_METRICS_PORT": "9100"}).metrics_port == 9100

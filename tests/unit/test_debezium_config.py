@@ -41,9 +41,12 @@ def test_the_router_publishes_rows_like_the_relay() -> None:
     placement = c["transforms.outbox.table.fields.additional.placement"].split(",")
     assert "id:header:event-id" in placement
     assert "type:header:ce_type" in placement
+    # The trace context enqueue stored: the consumer continues the producer's trace.
+    assert "traceparent:header:traceparent" in placement
+    assert "tracestate:header:tracestate" in placement
     assert f"headers:header:{HEADERS_CARRIER}" in placement
     assert c["transforms.headers.type"] == HEADERS_TRANSFORM
-    assert c["transforms.headers.drop.null"] == "ce_type"
+    assert c["transforms.headers.drop.null"] == "ce_type,traceparent,tracestate"
     assert c["publication.name"] == "kinbox_outbox"
     assert c["publication.autocreate.mode"] == "filtered"
     assert c["snapshot.mode"] == "no_data"
@@ -66,10 +69,10 @@ def test_the_heartbeat_emits_a_message_the_connector_drops() -> None:
 
 
 def test_more_columns_become_headers_through_the_hook() -> None:
-    c = config(header_columns={"traceparent": "traceparent", "tracestate": "tracestate"})
+    c = config(header_columns={"tenant_id": "tenant"})
     placement = c["transforms.outbox.table.fields.additional.placement"].split(",")
-    assert "traceparent:header:traceparent" in placement
-    assert c["transforms.headers.drop.null"] == "ce_type,traceparent,tracestate"
+    assert "tenant_id:header:tenant" in placement
+    assert c["transforms.headers.drop.null"] == "ce_type,traceparent,tracestate,tenant"
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,14 @@ from kinbox.cli.main import EXIT_CONFIG, EXIT_FATAL, main
 from kinbox.cli.support import guard
 from kinbox.config import Settings
 from kinbox.errors import ConfigurationError, FatalTransportError, TransportError
-from kinbox.kafka.errors import broken, create_client, fatal_error, is_fatal, translate
+from kinbox.kafka.errors import (
+    ClientLog,
+    broken,
+    create_client,
+    fatal_error,
+    is_fatal,
+    translate,
+)
 from kinbox.kafka.producer import KafkaPublisher
 from producer_outbox import publisher as relay_publisher
 from producer_outbox.records import Record
@@ -251,7 +258,7 @@ def test_dead_letter_publisher_keeps_a_producer_whose_record_failed() -> None:
 
 def relay(factory: Factory) -> relay_publisher.KafkaPublisher:
     config = relay_publisher.producer_config("127.0.0.1:1", {})
-    return relay_publisher.KafkaPublisher(config, factory=factory)
+    return relay_publisher.KafkaPublisher(config, factory=factory, admin_factory=None)
 
 
 RECORDS = [Record("t", b"a", b"1", []), Record("t", b"b", b"2", []), Record("u", b"c", b"3", [])]
@@ -301,3 +308,23 @@ def test_supervisor_reports_a_member_status_as_a_shell_would() -> None:
     from kinbox.ops.supervisor import status
 
     assert [status(7), status(0), status(-9), status(-15), status(None)] == [7, 0, 137, 143, 1]
+
+
+def test_a_systemerror_without_a_cause_is_explained_by_the_fatal_line_librdkafka_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given the client's log saw librdkafka's FATAL line (as the binding calls it)
+    log = ClientLog(logging.getLogger("kinbox.kafka"))
+    with caplog.at_level(logging.INFO, logger="kinbox.kafka"):
+        log.log(logging.INFO, "%s [%s] %s", "CONFWARN", "rdkafka#producer-1", "experimental")
+        log.log(logging.CRITICAL, "%s [%s] %s", "FATAL", "rdkafka#producer-1", "Gap-less: lost")
+    # When the binding then loses the error itself (no __cause__)
+    lost = SystemError("<method 'flush'> returned NULL without setting an exception")
+    # Then the reason is the logged one, and the line was forwarded to the logger
+    reason = broken(lost, log)
+    assert reason is not None and reason.startswith("Gap-less: lost")
+    assert [r.getMessage() for r in caplog.records][
+        -1
+    ] == "FATAL [rdkafka#producer-1] Gap-less: lost"
+    # and without such a line, the binding's failure is still reported as fatal
+    assert "binding failed" in (broken(lost, ClientLog(logging.getLogger("x"))) or "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from kinbox.event import Event
 from kinbox.middleware.base import Middleware
 from kinbox.middleware.telemetry import Telemetry
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
+from tests.support import metrics
 
 pytestmark = pytest.mark.unit
 
@@ -149,3 +151,42 @@ def test_telemetry_middleware_runs_through_a_batch_without_an_sdk() -> None:
     app = handled_app()  # Telemetry by default
     transport, store = run_app(app, record(T, 0, 0, "x"), record(T, 0, 1, "poison"))
     assert store.effects == ["x"] and transport.committed == {(T, 0): 2}
+
+
+def test_telemetry_counts_each_undelivered_dead_letter_with_its_topic() -> None:
+    # Given an application with the OpenTelemetry SDK, and a dead letter the
+    # broker does not acknowledge twice
+    metrics.install()
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    app = App(group_id="g")
+
+    @app.handler(topic)
+    def apply(event: Event, tx: Any) -> None:
+        if event.id == "poison":
+            raise DeadLetter("unknown currency")
+        tx.effects.append(event.id)
+
+    transport, store = FakeTransport(), FakeStore()
+    for offset, event_id in enumerate(["a", "poison"]):
+        transport.append(record(topic, 0, offset, event_id))
+    publisher = FakePublisher()
+    publisher.fail_flushes = 2
+    now = [0.0]
+    config = Settings(database_url="postgresql:///x", group_id="g").validate()
+    runner = Runner(
+        app, config, transport, store, publisher=publisher, clock=lambda: now[0],
+        executor=InlineExecutor(),
+    )  # fmt: skip
+    transport.subscribe([topic], runner)
+    # When the worker tries three times (each retry after its backoff)
+    for _ in range(3):
+        runner.turn()
+        now[0] += 120.0
+    # Then each undelivered try was counted, under the dead-letter topic, and
+    # as a failed batch of kind dead-letter; the third try delivered it
+    undeliverable = "kinbox.dead_letters.undeliverable"
+    assert metrics.counted(undeliverable, topic=f"{topic}.dlq", source_topic=topic) == 2
+    assert metrics.counted("kinbox.batches.failed", topic=topic, kind="dead-letter") == 2
+    assert metrics.counted("kinbox.events.dead_lettered", topic=topic) == 1
+    assert store.status == {"a": "applied", "poison": "dead_lettered"}
+    assert transport.committed == {(topic, 0): 2}

@@ -1,8 +1,16 @@
-"""Helpers of the outbox integration tests: migrate, run relays, read the topic back."""
+"""The outbox in tests: migrate it, enqueue, run relays (in a thread or as processes), read back.
+
+Shared by the outbox integration tests and the fault suite's relay
+scenarios; a topic is read back with a group-less consumer of its own, so
+reading never disturbs the group under test.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import random
+import signal
 import subprocess
 import sys
 import threading
@@ -10,8 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -19,14 +26,16 @@ from confluent_kafka import Consumer
 from psycopg import sql
 
 from kinbox.devstack.stack import Stack
+from kinbox.errors import StoreError
 from kinbox.store.migrations import migrate
 from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import KafkaPublisher, producer_config
 from producer_outbox.relay import Relay
 from producer_outbox.schema import OUTBOX
-
-ROOT = Path(__file__).resolve().parents[2]
-Conn = psycopg.Connection[tuple[Any, ...]]
+from producer_outbox.telemetry import RelayTelemetry
+from tests.support.database import Conn
+from tests.support.launch import ROOT
+from tests.support.records import Produced
 
 
 @dataclass(frozen=True)
@@ -42,23 +51,27 @@ class Received:
 
 
 def migrate_outbox(db: Conn, schema: str) -> None:
+    """Create the outbox tables in ``schema``."""
     migrate(db, schema, [OUTBOX])
 
 
 def count(db: Conn, schema: str, where: str = "true") -> int:
+    """Outbox rows matching ``where`` (a literal condition written by the test)."""
     query = sql.SQL("SELECT count(*) FROM {}.outbox WHERE " + where).format(sql.Identifier(schema))
     row = db.execute(query).fetchone()
     assert row is not None
     return int(row[0])
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+def wait_all_sent(database_url: str, schema: str, timeout: float = 90.0) -> int:
+    """Wait until every outbox row is marked sent (the writers stopped); return how many."""
+    from tests.support.waiting import wait_for
+
+    with psycopg.connect(database_url, autocommit=True) as db:
+        total = count(db, schema)
+        wait_for(lambda: count(db, schema, "status = 'sent'") == total, timeout,
+                 f"{total} outbox rows sent")  # fmt: skip
+    return total
 
 
 def consume(
@@ -118,7 +131,35 @@ def consume(
     return received
 
 
+def first_deliveries(received: Sequence[Received]) -> dict[str | None, list[Received]]:
+    """Per key, the first delivery of each event, in (partition, offset) order.
+
+    Later copies (a relay's retry re-publishes a batch) are left out: the
+    order a key promises is the order its events first appear.
+    """
+    seen: set[str] = set()
+    by_key: dict[str | None, list[Received]] = {}
+    for record in sorted(received, key=lambda r: (r.partition, r.offset)):
+        if record.event_id not in seen:
+            seen.add(record.event_id)
+            by_key.setdefault(record.key, []).append(record)
+    return by_key
+
+
+def as_produced(topic: str, partitions: int, received: Sequence[Received]) -> Produced:
+    """What the relays published, as the fault suite's :class:`Produced` (for its drain)."""
+    return Produced(topic, partitions, {(r.partition, r.offset): r.event_id for r in received})
+
+
+def assert_key_order(received: Sequence[Received]) -> None:
+    """Per key, the first delivery of each row comes in write order (payload ``n`` increasing)."""
+    for key, records in first_deliveries(received).items():
+        ns = [json.loads(record.value)["n"] for record in records]
+        assert ns == sorted(ns), f"key {key!r} first published out of order: {ns}"
+
+
 def relay_config(stack: Stack, schema: str, **overrides: Any) -> RelayConfig:
+    """A relay's configuration on the test database, quick to poll, ``overrides`` on top."""
     settings: dict[str, Any] = {"poll_interval": 0.2, "batch_size": 50, "lanes": 8}
     settings.update(overrides)
     return RelayConfig(database_url=stack.database_url, schema=schema, **settings)
@@ -131,13 +172,14 @@ def running_relay(
     *,
     kafka: dict[str, str] | None = None,
     bootstrap_servers: str | None = None,
+    telemetry: RelayTelemetry | None = None,
     **overrides: Any,
 ) -> Iterator[Relay]:
     """Run an in-process relay in a thread; stop it gracefully on exit."""
     publisher = KafkaPublisher(
         producer_config(bootstrap_servers or stack.bootstrap_servers, kafka or {})
     )
-    relay = Relay(relay_config(stack, schema, **overrides), publisher)
+    relay = Relay(relay_config(stack, schema, **overrides), publisher, telemetry=telemetry)
     errors: list[BaseException] = []
 
     def target() -> None:
@@ -183,6 +225,16 @@ def relay_process(
     return subprocess.Popen(command, env=environ, cwd=ROOT)
 
 
+def stop_relay(relay: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+    """SIGTERM a relay process and return its exit status; SIGKILL it and fail if it hangs."""
+    relay.send_signal(signal.SIGTERM)
+    try:
+        return relay.wait(timeout)
+    except subprocess.TimeoutExpired:
+        relay.kill()
+        raise AssertionError(f"relay ignored SIGTERM for {timeout:.0f}s") from None
+
+
 def enqueue_many(
     db_url: str, schema: str, topic: str, items: Sequence[tuple[str | None, int]]
 ) -> None:
@@ -201,6 +253,7 @@ def outbox_command(stack: Stack, schema: str, *args: str) -> subprocess.Complete
         [sys.executable, "-m", "kinbox.cli.main", "outbox", *args,
          "--database-url", stack.database_url, "--schema", schema],
         capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+        env={**os.environ, "KINBOX_BOOTSTRAP_SERVERS": stack.bootstrap_servers},
     )  # fmt: skip
 
 
@@ -223,3 +276,43 @@ def outbox_rows(db: Conn, schema: str, where: str = "true") -> list[tuple[Any, .
         + " ORDER BY txid, seq"
     ).format(sql.Identifier(schema))
     return db.execute(query).fetchall()
+
+
+@dataclass
+class RowWriter:
+    """Commits outbox rows of ``keys``, one transaction each, until :attr:`stop` is set.
+
+    For a thread beside relays under faults: a database that restarts costs
+    it a reconnect, not its life (a COMMIT whose answer was lost may or may
+    not have happened; the outbox table says which at the end).
+    """
+
+    database_url: str
+    schema: str
+    topic: str
+    keys: Sequence[str]
+    rng: random.Random
+    stop: threading.Event = field(default_factory=threading.Event)
+    commits: int = 0
+    """Rows whose COMMIT was answered."""
+    outages: int = 0
+
+    def run(self) -> None:
+        """Write until stopped (the thread's target)."""
+        from producer_outbox.writer import enqueue
+
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(self.database_url, connect_timeout=3) as conn:
+                    while not self.stop.is_set():
+                        key = self.rng.choice(self.keys)
+                        with conn.transaction():
+                            enqueue(conn, self.topic, {"n": self.commits}, key=key,
+                                    schema=self.schema)  # fmt: skip
+                        self.commits += 1
+                        time.sleep(self.rng.uniform(0.002, 0.02))
+            except (psycopg.OperationalError, StoreError) as exc:
+                if isinstance(exc, StoreError) and not exc.transient:
+                    raise
+                self.outages += 1
+                time.sleep(0.2)

@@ -1,0 +1,283 @@
+"""The circuit breaker, alone and inside the runner, on the fakes of kinbox.testing."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from kinbox.app import App
+from kinbox.apply import deadletter
+from kinbox.apply.deadletter import Letter
+from kinbox.apply.outcome import BatchResult, Failure
+from kinbox.config import Settings
+from kinbox.consume.breaker import Breaker, State
+from kinbox.consume.runner import Runner
+from kinbox.errors import ConfigurationError, DeadLetter, StoreError
+from kinbox.event import Event
+from kinbox.kafka.base import Partition
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
+
+pytestmark = pytest.mark.unit
+
+T = "orders"
+P0, P1, P2 = (T, 0), (T, 1), (T, 2)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def state(brk: Breaker) -> State:
+    """Read afresh each time (mypy would narrow the attribute across the calls between)."""
+    return brk.state
+
+
+def handler_failed(partition: int, offset: int, attempt: int = 1) -> BatchResult:
+    """A batch that stopped at an event whose handler raised."""
+    event = Event(f"e{partition}-{offset}", T, partition, offset, None, b"{}", attempt=attempt)
+    failure = Failure(T, partition, offset, attempt, RuntimeError("bad deploy"), event=event)
+    return BatchResult(None, failure)
+
+
+def dead_lettered(partition: int, offset: int, reason: str) -> BatchResult:
+    letter = Letter(record(T, partition, offset, "x"), f"{T}.dlq", "g", reason, ValueError("no"), 5)
+    return BatchResult(offset + 1, dead_lettered=1, letters=(letter,))
+
+
+def breaker(failures: int = 3, pause: float = 10.0) -> tuple[Breaker, FakeTransport, Clock]:
+    transport = FakeTransport({tp: [] for tp in (P0, P1, P2)})
+    clock = Clock()
+    return Breaker(transport, failures, pause, clock), transport, clock
+
+
+def test_distinct_failed_events_in_a_row_open_it_and_pause_every_partition() -> None:
+    brk, transport, _ = breaker(failures=3)
+    brk.observe(handler_failed(0, 5))
+    brk.observe(handler_failed(0, 5, attempt=2))  # the same event again: still one
+    brk.observe(handler_failed(1, 0))
+    assert state(brk) is State.CLOSED
+    assert brk.gate([P0, P1, P2], backing_off=[P0, P1]) is True
+    brk.observe(dead_lettered(2, 7, deadletter.HANDLER_ERROR))  # tries ran out: counts
+    assert state(brk) is State.OPEN
+    # Open: every partition no backoff holds is paused, and the backoff may not resume any
+    assert brk.gate([P0, P1, P2], backing_off=[P0, P1]) is False
+    assert transport.paused == {P2}
+    assert brk.held == {P2}
+
+
+def test_an_applied_event_starts_the_count_again() -> None:
+    brk, _, _ = breaker(failures=3)
+    brk.observe(handler_failed(0, 1))
+    brk.observe(handler_failed(1, 1))
+    brk.observe(BatchResult(10, applied=4))
+    brk.observe(handler_failed(2, 1))
+    brk.observe(handler_failed(2, 2))
+    assert state(brk) is State.CLOSED
+    brk.observe(handler_failed(0, 2))
+    assert state(brk) is State.OPEN
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        dead_lettered(0, 1, deadletter.INVALID_ID),
+        dead_lettered(0, 1, f"{deadletter.REQUESTED}: refused on purpose"),
+        BatchResult(None, Failure(T, 0, 1, 1, StoreError("down", transient=True))),
+        BatchResult(5, duplicates=5),
+    ],
+    ids=["invalid-id", "dead-letter-requested", "outage", "duplicates"],
+)
+def test_what_is_no_failure_of_the_handler_never_counts(result: BatchResult) -> None:
+    brk, _, _ = breaker(failures=1)
+    for _ in range(3):
+        brk.observe(result)
+    assert state(brk) is State.CLOSED
+
+
+def test_half_open_lets_one_event_through_and_puts_the_rest_back() -> None:
+    brk, transport, clock = breaker(failures=1, pause=10)
+    brk.observe(handler_failed(0, 0))
+    brk.gate([P0, P1, P2], backing_off=[])
+    clock.now = 9.9
+    assert brk.gate([P0, P1, P2], backing_off=[]) is False
+    assert brk.admit({P1: [record(T, 1, 3, "a")]}) == {}  # fetched before the pause
+    assert transport.position[P1] == 3  # rewound to it
+    clock.now = 10.0
+    assert brk.gate([P0, P1, P2], backing_off=[]) is True
+    assert state(brk) is State.HALF_OPEN
+    assert transport.paused == set()  # resumed, to find a probe wherever records are
+    batches = {
+        P1: [record(T, 1, 3, "a"), record(T, 1, 4, "b")],
+        P2: [record(T, 2, 8, "c")],
+    }
+    taken = brk.admit(batches)
+    assert {tp: [r.offset for r in rs] for tp, rs in taken.items()} == {P1: [3]}
+    # The others are rewound to their first record not taken, and paused
+    assert transport.paused == {P1, P2}
+    assert brk.held == {P1, P2}
+    assert brk.admit({P0: [record(T, 0, 0, "d")]}) == {}  # one probe at a time
+
+
+def test_a_probe_applied_closes_it_and_resumes_what_it_paused() -> None:
+    brk, transport, clock = breaker(failures=1, pause=5)
+    brk.observe(handler_failed(0, 0))
+    brk.gate([P0, P1, P2], backing_off=[P0])
+    clock.now = 5
+    brk.gate([P0, P1, P2], backing_off=[P0])
+    brk.admit({P1: [record(T, 1, 0, "a"), record(T, 1, 1, "b")]})
+    brk.observe(BatchResult(1, applied=1))
+    assert state(brk) is State.CLOSED
+    # The backing-off partition is left to its backoff, the rest resume
+    transport.paused.add(P0)
+    assert brk.gate([P0, P1, P2], backing_off=[P0]) is True
+    assert transport.paused == {P0}
+    assert brk.held == set()
+
+
+def test_a_probe_that_fails_opens_it_again_for_another_pause() -> None:
+    brk, _, clock = breaker(failures=1, pause=5)
+    brk.observe(handler_failed(0, 0))
+    clock.now = 5
+    brk.gate([P0], backing_off=[])
+    brk.admit({P0: [record(T, 0, 0, "a")]})
+    brk.observe(handler_failed(0, 0, attempt=2))
+    assert state(brk) is State.OPEN
+    clock.now = 9.9
+    assert brk.gate([P0], backing_off=[]) is False
+    clock.now = 10
+    assert brk.gate([P0], backing_off=[]) is True
+
+
+def test_a_probe_without_a_verdict_lets_the_next_poll_probe_again() -> None:
+    brk, _, clock = breaker(failures=1, pause=5)
+    brk.observe(handler_failed(0, 0))
+    clock.now = 5
+    brk.gate([P0, P1], backing_off=[])
+    assert brk.admit({P0: [record(T, 0, 0, "a")]})
+    brk.observe(BatchResult(1, duplicates=1))  # a duplicate says nothing about the handler
+    assert state(brk) is State.HALF_OPEN
+    brk.gate([P0, P1], backing_off=[])
+    assert brk.admit({P1: [record(T, 1, 0, "b")]})
+    brk.forget(P1)  # the probe's partition went while it ran: never judged
+    brk.gate([P0], backing_off=[])
+    assert brk.admit({P0: [record(T, 0, 1, "c")]})
+
+
+def test_zero_failures_never_opens() -> None:
+    brk, _, _ = breaker(failures=0)
+    for offset in range(100):
+        brk.observe(handler_failed(0, offset))
+    assert state(brk) is State.CLOSED
+
+
+def test_settings_validate_the_breaker() -> None:
+    base: dict[str, Any] = {"database_url": "postgresql:///x", "group_id": "g"}
+    assert Settings(**base).breaker_failures == 10
+    assert Settings(**base).breaker_pause == 30.0
+    with pytest.raises(ConfigurationError, match="breaker_failures"):
+        Settings(**base, breaker_failures=-1).validate()
+    with pytest.raises(ConfigurationError, match="breaker_pause"):
+        Settings(**base, breaker_pause=0).validate()
+    loaded = Settings.load(
+        {}, {"KINBOX_BREAKER_FAILURES": "4", "KINBOX_BREAKER_PAUSE": "2.5"}, Settings(**base)
+    )
+    assert (loaded.breaker_failures, loaded.breaker_pause) == (4, 2.5)
+
+
+# -- inside the runner --
+
+
+def failing_app(broken: list[bool], applied: list[str]) -> App:
+    app = App(group_id="g")
+
+    @app.handler(T, max_attempts=2)
+    def apply(event: Event, tx: Any) -> None:
+        if event.id == "requested":
+            raise DeadLetter("not for us")
+        if broken[0]:
+            raise RuntimeError("bad deploy: every event fails")
+        tx.effects.append(event.id)
+        applied.append(event.id)
+
+    return app
+
+
+def runner_with(
+    transport: FakeTransport, app: App, **settings: Any
+) -> tuple[Runner, FakeStore, FakePublisher, Clock]:
+    store, publisher, clock = FakeStore(), FakePublisher(), Clock()
+    config = Settings(
+        database_url="postgresql:///x", group_id="g", retry_initial=0.1, retry_max=0.1, **settings
+    ).validate()
+    runner = Runner(
+        app, config, transport, store, clock=clock, publisher=publisher, executor=InlineExecutor()
+    )
+    transport.subscribe(app.topics, runner)
+    return runner, store, publisher, clock
+
+
+def turns(runner: Runner, clock: Clock, seconds: float, step: float = 0.05) -> None:
+    end = clock.now + seconds
+    while clock.now < end:
+        runner.turn()
+        clock.now += step
+
+
+def test_a_bad_deploy_dead_letters_a_few_events_then_drains_exactly_once_when_fixed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="kinbox.consume.breaker")
+    logs: dict[Partition, list[Any]] = {tp: [] for tp in (P0, P1, P2)}
+    transport = FakeTransport(logs)
+    for offset in range(40):
+        for p in range(3):
+            transport.append(record(T, p, offset, f"e{p}-{offset}"))
+    broken, applied = [True], list[str]()
+    runner, store, publisher, clock = runner_with(
+        transport, failing_app(broken, applied), breaker_failures=4, breaker_pause=30
+    )
+    # Given a handler that fails for every event, for ten minutes
+    turns(runner, clock, 600)
+    # Then only a few events were given up: the breaker paused the member
+    letters = len(publisher.acked)
+    assert 1 <= letters <= 4 + 600 // 30, letters
+    assert not applied
+    assert "circuit breaker open: the handler failed for 4 events in a row" in caplog.text
+    assert transport.paused == {P0, P1, P2}
+    # When the handler is fixed, the next probe closes it and everything drains once
+    broken[0] = False
+    turns(runner, clock, 60)
+    assert "circuit breaker closed" in caplog.text
+    dead = {i for i, s in store.status.items() if s == "dead_lettered"}
+    assert len(dead) == letters
+    every = sorted(f"e{p}-{o}" for p in range(3) for o in range(40))
+    assert sorted(applied + sorted(dead)) == every
+    assert len(applied) == len(set(applied))
+    assert transport.committed == {tp: 40 for tp in (P0, P1, P2)}
+    assert transport.paused == set()
+
+
+def test_deliberate_dead_letters_never_open_it() -> None:
+    transport = FakeTransport()
+    for offset in range(20):
+        event_id = f"requested-{offset}" if offset % 2 else f"e{offset}"
+        transport.append(record(T, 0, offset, event_id))
+    transport.append(record(T, 0, 20, "requested-too"))
+    app = App(group_id="g")
+
+    @app.handler(T)
+    def apply(event: Event, tx: Any) -> None:
+        if event.id.startswith("requested"):
+            raise DeadLetter("not for us")
+        tx.effects.append(event.id)
+
+    runner, _, publisher, clock = runner_with(transport, app, breaker_failures=1)
+    turns(runner, clock, 2)
+    assert len(publisher.acked) == 11
+    assert transport.committed == {P0: 21}
