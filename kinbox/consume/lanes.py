@@ -10,8 +10,9 @@ A lane holds at most :attr:`Lanes.cap` records: a fuller one is *held*
 neither grows without bound nor keeps the other partitions' records from
 being fetched (the consumer hands records over in the order it fetched
 them, all partitions in one queue: only pausing one lets the others' come
-first). The cap is four batches, less when many partitions are assigned —
-all lanes together stay within a budget — but never less than one batch.
+first). The cap is :data:`PER_LANE` batches, less when many partitions are
+assigned — all lanes together stay within a budget — but never less than
+one batch.
 Pausing drops nothing held here: the consumer resumes a paused partition
 after the last record it handed over, and those records are all here. What
 it had fetched beyond them it fetches again, which is why a lane is resumed
@@ -30,6 +31,17 @@ from kinbox.kafka.base import Partition, Transport
 
 log = logging.getLogger(__name__)
 
+PER_LANE = 16
+"""Batches one lane holds at most (when the budget allows).
+
+A held partition is resumed half empty, and the consumer then fetches it
+afresh: its first records come a fetch round trip later, up to
+``fetch.wait.max.ms`` behind a fetch already waiting on the broker. The half
+left must outlast that. At four batches (two left, ~80 ms of a fast batch
+handler's work) the lanes ran dry at every resume and the loop sat in
+``poll`` with nothing in flight for half the run.
+"""
+
 
 class Lanes:
     """The waiting records of each partition, and the partitions held for a full lane.
@@ -39,13 +51,17 @@ class Lanes:
         batch: records per batch.
         budget: records waiting in all lanes together, at most (roughly:
             each lane may take a poll's worth beyond its cap).
+        per_lane: batches one lane holds at most.
     """
 
-    def __init__(self, transport: Transport, batch: int, budget: int) -> None:
+    def __init__(
+        self, transport: Transport, batch: int, budget: int, per_lane: int = PER_LANE
+    ) -> None:
         self._transport = transport
         self._batch = batch
         self._budget = budget
-        self.cap = 4 * batch
+        self._per_lane = per_lane
+        self.cap = per_lane * batch
         """Most records waiting in one lane before its partition is held."""
         # Insertion order is the order lanes are served in (see take()).
         self._waiting: dict[Partition, list[Record]] = {}
@@ -73,8 +89,9 @@ class Lanes:
         return batch
 
     def share(self, partitions: int) -> None:
-        """Size the lanes for ``partitions`` assigned: the budget shared, 1-4 batches each."""
-        self.cap = max(self._batch, min(4 * self._batch, self._budget // max(1, partitions)))
+        """Size the lanes for ``partitions`` assigned: the budget shared, at least a batch each."""
+        most = self._per_lane * self._batch
+        self.cap = max(self._batch, min(most, self._budget // max(1, partitions)))
 
     def waiting(self, tp: Partition) -> int:
         """How many records of ``tp`` wait."""

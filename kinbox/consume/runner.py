@@ -50,6 +50,9 @@ from kinbox.store.base import InboxStore
 
 log = logging.getLogger(__name__)
 
+LANES_BUDGET = 64
+"""Batches waiting in all lanes together: sixteen each for up to four partitions."""
+
 BUSY_WAIT = 0.002
 """Seconds the loop sleeps, with batches in flight and nothing fetched, before polling again.
 
@@ -118,10 +121,10 @@ class Runner:
             transport, policy or RetryPolicy(settings.retry_initial, settings.retry_max), clock
         )
         self._breaker = Breaker(transport, settings.breaker_failures, settings.breaker_pause, clock)
-        # Up to four batches wait per partition, sixteen in all: the next
-        # batch of every partition is fetched already when its batch ends.
+        # Up to PER_LANE batches wait per partition, LANES_BUDGET in all: the
+        # next batch of every partition is fetched already when its batch ends.
         most = settings.batch_max_messages
-        self._lanes = Lanes(transport, most, 16 * most)
+        self._lanes = Lanes(transport, most, LANES_BUDGET * most)
         self._inflight = InFlight(settings.pool_size, executor)
         # The consumer's own value: -X max.poll.interval.ms wins over the setting.
         self._revoke_wait = min(settings.shutdown_timeout, settings.effective_max_poll_interval / 2)

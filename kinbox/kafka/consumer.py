@@ -21,9 +21,9 @@ Prefetch: librdkafka fetches ahead into a local queue, by default up to
 64 MiB (``queued.max.messages.kbytes``) and 100,000 records per partition
 (``queued.min.messages``), with fetch responses of up to 50 MiB
 (``fetch.max.bytes``). kinbox applies at most one batch per partition at a
-time and keeps at most a couple of batches per partition waiting, so most
-of that queue would only be memory: :data:`PREFETCH` sets smaller limits
-(still a few batches ahead of every partition). ``-X`` overrides them.
+time and keeps the next batches of each partition waiting in its lane
+(:mod:`kinbox.consume.lanes`), so most of that queue would only be memory:
+:data:`PREFETCH` sets smaller limits. ``-X`` overrides them.
 
 Every call into the client runs under a :class:`~kinbox.kafka.watch.CallWatch`:
 a synchronous commit can wait forever inside librdkafka, and then the worker
