@@ -88,7 +88,10 @@ def _holding(run: Run, held: list[str], pid: int) -> None:
     },
 )  # fmt: skip
 def test_sigkill_with_two_batches_in_flight(run: Run, point: str) -> None:
-    run.produce(duplicates=run.rng.randint(0, 10))
+    # No duplicates: a repeat on partition 0 of an id a held batch has
+    # claimed waits for that batch's transaction (the inbox's row lock), so
+    # partition 0 would stop committing before the kill point (seed 540552125)
+    run.produce()
     held = _held_ids(run)
     nth = run.rng.randint(3, 5)
     with run.sampling():
