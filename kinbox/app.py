@@ -19,7 +19,7 @@ from kinbox.errors import ConfigurationError
 from kinbox.middleware.base import Middleware
 from kinbox.names import topic_name
 from kinbox.params.signature import awaits
-from kinbox.params.wrap import prepare
+from kinbox.params.wrap import opens_session, prepare
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -185,7 +185,8 @@ class App:
                 value_deserializer=value_deserializer,
                 default_deserializer=self._value_deserializer,
             )
-            kind = kind_for(call, batch=batch, awaits=awaits(fn))
+            # An ORM session reads results at once: no pipelined pass for it.
+            kind = kind_for(call, batch=batch, awaits=awaits(fn), pipelines=not opens_session(call))
             route = Route(topic, fn, kind, max_attempts, dead_letter_topic)
             existing = self._routes.get(topic)
             if existing is not None:

@@ -90,7 +90,7 @@ class Settings:
     shutdown_timeout: float = 30.0
     max_poll_interval: float = 300.0
     session_timeout: float = 45.0
-    pool_size: int = 2
+    pool_size: int = 4
     retry_initial: float = 0.5
     retry_max: float = 30.0
     max_attempts: int = 5

@@ -97,8 +97,8 @@ class Failpoints:
     def __init__(self, spec: str | None = None) -> None:
         self._points: dict[str, Failpoint] = {}
         self._passes: Counter[str] = Counter()
-        # The relay's lane groups pass the same points from several threads:
-        # the n-th pass must be exactly one of them.
+        # Several threads pass the same points at once (a worker's batch
+        # threads, the relay's lane groups): the n-th pass must be exactly one.
         self._lock = threading.Lock()
         self.arm(spec)
 

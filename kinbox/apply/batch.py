@@ -8,7 +8,10 @@
             ─► BEGIN
                claim ids: one INSERT … ON CONFLICT DO NOTHING RETURNING  (duplicates drop out)
                run the handler over the fresh events, in offset order
-                   (optimistically, without savepoints: see :mod:`kinbox.apply.dispatch`);
+                   (optimistically, without savepoints, a per-event handler's
+                   statements pipelined: see :mod:`kinbox.apply.dispatch`);
+                   if anything fails under the pipeline, the batch is redone
+                   without it, which blames the right event;
                    on a permanent failure the batch is redone with a
                    savepoint per event, the failed one dead-lettered
                record the dead letters in processed_events (status, reason)
@@ -50,6 +53,7 @@ are fresh and applied now. Either way each effect commits once.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
@@ -124,9 +128,16 @@ class BatchProcessor:
         self._dispatcher = Dispatcher(consumer, max_attempts, self._chain)
         self._missing_id = missing_id
         self._limits = dict(dead_letter_limits or {})
+        # Batches of different partitions run on different threads; their
+        # dead letters share one producer, whose flush() answers for all it
+        # holds. One batch at a time sends and flushes, so each flush is its own.
+        self._sending = threading.Lock()
 
     def process(self, records: Sequence[Record], attempt: int = 1) -> BatchResult:
         """Apply ``records`` (one partition, offset order); never raises for bad input.
+
+        Safe to call from several threads at once for different partitions
+        (each transaction takes its own connection from the store).
 
         Args:
             records: consecutive records of one partition.
@@ -213,7 +224,9 @@ class BatchProcessor:
                                 route, records, event, deadletter.INVALID_ID, error
                             )
                         )
-                letters += self._dispatcher.run(tx, route, records, runnable, plan.verdicts)
+                letters += self._dispatcher.run(
+                    tx, route, records, runnable, plan.verdicts, pipelined=plan.pipelined
+                )
                 if letters:
                     letters.sort(key=lambda item: item.record.offset)
                     self._record(tx, fresh, letters, plan)
@@ -266,9 +279,10 @@ class BatchProcessor:
                 earliest of them not known to be delivered.
         """
         try:
-            for letter in letters:
-                deadletter.send(self._publisher, letter, self._limits.get(letter.target))
-            self._publisher.flush()
+            with self._sending:
+                for letter in letters:
+                    deadletter.send(self._publisher, letter, self._limits.get(letter.target))
+                self._publisher.flush()
         except TransportError as exc:
             raise Undeliverable(letters[0], exc) from exc
 

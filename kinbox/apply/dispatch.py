@@ -1,10 +1,15 @@
 """Running a route's handler over the fresh events of one inbox transaction.
 
 Per-event handlers run *optimistically* first: one after another with no
-savepoint, so a fresh event costs only its handler's own statements. If a
-handler raises, the pass stops and the caller rolls the whole transaction
-back; what happens next is decided from that exception exactly as it was
-when every event had a savepoint:
+savepoint, so a fresh event costs only its handler's own statements — and
+those go out pipelined, without a round trip each. Under the pipeline a
+failed statement may surface in a later handler or only at the end, so any
+failure there rolls the transaction back and the batch is redone without the
+pipeline (:class:`~kinbox.apply.outcome.Unpipelined`), where each statement's
+error is raised in its own handler. If a handler raises on that pass, the
+pass stops and the caller rolls the whole transaction back; what happens
+next is decided from that exception exactly as it was when every event had
+a savepoint:
 
 - a database outage (:meth:`~kinbox.store.base.InboxTransaction.outage`): the batch fails
   as a whole and the try is not counted;
@@ -83,6 +88,8 @@ class Dispatcher:
         records: Mapping[int, Record],
         events: list[Event],
         verdicts: Mapping[int, Verdict],
+        *,
+        pipelined: bool = False,
     ) -> list[Letter]:
         """Run ``route``'s handler over ``events`` in ``tx``; return the dead letters to record.
 
@@ -94,10 +101,13 @@ class Dispatcher:
             verdicts: permanent failures by offset, from earlier passes: those
                 events are dead-lettered without their handler running. None
                 means an optimistic pass, any means a careful one.
+            pipelined: the optimistic pass may run pipelined (see
+                :class:`~kinbox.apply.route.HandlerKind`).
 
         Raises:
             HandlerFailed: a handler failed and the event will be tried again.
             Abandoned: an optimistic pass met a permanent failure.
+            Unpipelined: a pipelined pass failed; redo the batch without it.
             StoreError: the database went away (also when seen by a handler).
         """
         calls = _Calls(self, tx, route, records)
@@ -108,7 +118,7 @@ class Dispatcher:
                 runnable.append(event)
             else:
                 calls.dead_letter(event, verdict.reason, verdict.error)
-        route.kind.run(calls, runnable, careful=bool(verdicts))
+        route.kind.run(calls, runnable, careful=bool(verdicts), pipelined=pipelined)
         return calls.letters
 
     def letter(

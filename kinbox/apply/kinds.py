@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from kinbox.apply.outcome import Abandoned, HandlerFailed, Verdict
+from kinbox.apply.outcome import Abandoned, HandlerFailed, Unpipelined, Verdict
 from kinbox.apply.route import Calls, HandlerKind
 from kinbox.event import Event
 from kinbox.store.async_base import Awaiting, async_store
@@ -41,15 +41,29 @@ class EachEvent:
     so a fresh event costs only its handler's own statements; the careful
     pass gives each its own savepoint, so a permanent failure is
     dead-lettered without undoing the others.
+
+    The optimistic pass runs pipelined when allowed: the handlers' statements
+    go out without a round trip each. A database error there is not blamed on
+    the event that saw it (the statement that failed may be an earlier
+    event's): the pass raises :class:`Unpipelined`, and the batch is redone
+    with the plain optimistic pass, which blames the right event. A handler's
+    own exception, raised while every statement so far has succeeded, is
+    judged at once, as on the plain pass.
     """
 
     name = "event"
 
-    def __init__(self, fn: Callable[[Event, Any], object]) -> None:
+    def __init__(self, fn: Callable[[Event, Any], object], *, pipelines: bool = True) -> None:
         self._fn = fn
+        self._pipelines = pipelines  # False: never pipelined (an ORM session's handler)
 
-    def run(self, calls: Calls, events: list[Event], *, careful: bool) -> None:
+    def run(
+        self, calls: Calls, events: list[Event], *, careful: bool, pipelined: bool = False
+    ) -> None:
         """See :meth:`HandlerKind.run`."""
+        if pipelined and self._pipelines and not careful and events:
+            self._pipelined(calls, events)
+            return
         for event in events:
             if careful:
                 self._careful(calls, event)
@@ -60,15 +74,42 @@ class EachEvent:
         connection = calls.tx.connection
         calls.around_event(event, lambda e: self._fn(e, connection))
 
+    def _pipelined(self, calls: Calls, events: list[Event]) -> None:
+        own: tuple[Event, Exception] | None = None
+        try:
+            with calls.tx.pipelined() as settle:
+                for event in events:
+                    try:
+                        with calls.tx.unguarded():
+                            self._call(calls, event)
+                    except Exception as exc:
+                        if not settle():
+                            raise  # some statement failed, maybe an earlier event's
+                        # Every statement so far succeeded: the handler's own
+                        # exception, judged as on the plain pass.
+                        own = (event, exc)
+                        break
+        except Exception as exc:
+            outage = calls.tx.outage(exc)
+            if outage is not None:
+                raise outage from exc  # the batch waits: nothing to redo now
+            raise Unpipelined(exc) from exc
+        if own is not None:
+            self._judge(calls, *own)
+
     def _optimistic(self, calls: Calls, event: Event) -> None:
         try:
             with calls.tx.unguarded():
                 self._call(calls, event)
         except Exception as exc:
-            reason = calls.permanent(exc, event.attempt)
-            if reason is None:
-                raise HandlerFailed(event, exc) from exc
-            raise Abandoned(event, Verdict(reason, exc)) from exc
+            self._judge(calls, event, exc)
+
+    def _judge(self, calls: Calls, event: Event, exc: Exception) -> None:
+        """Stop the optimistic pass at ``event``, which raised ``exc``."""
+        reason = calls.permanent(exc, event.attempt)
+        if reason is None:
+            raise HandlerFailed(event, exc) from exc
+        raise Abandoned(event, Verdict(reason, exc)) from exc
 
     def _careful(self, calls: Calls, event: Event) -> None:
         try:
@@ -99,8 +140,10 @@ class WholeBatch:
     def __init__(self, fn: Callable[[list[Event], Any], object]) -> None:
         self._fn = fn
 
-    def run(self, calls: Calls, events: list[Event], *, careful: bool) -> None:
-        """See :meth:`HandlerKind.run`."""
+    def run(
+        self, calls: Calls, events: list[Event], *, careful: bool, pipelined: bool = False
+    ) -> None:
+        """See :meth:`HandlerKind.run` (one call needs no pipeline: ``pipelined`` is ignored)."""
         if not events:
             return
         # Only the first event can be on a later try: a failure stops the
@@ -169,8 +212,14 @@ def _awaitable(result: object) -> Awaitable[object]:
     return cast(Awaitable[object], result)
 
 
-def kind_for(fn: Callable[..., object], *, batch: bool, awaits: bool = False) -> HandlerKind:
-    """The kind that calls ``fn``: per batch if ``batch``, else per event; awaited if ``awaits``."""
+def kind_for(
+    fn: Callable[..., object], *, batch: bool, awaits: bool = False, pipelines: bool = True
+) -> HandlerKind:
+    """The kind that calls ``fn``: per batch if ``batch``, else per event; awaited if ``awaits``.
+
+    ``pipelines`` false keeps a per-event handler's optimistic pass out of
+    pipeline mode (a handler whose statements must read results at once).
+    """
     if awaits:
-        return AwaitedWholeBatch(fn) if batch else AwaitedEachEvent(fn)
-    return WholeBatch(fn) if batch else EachEvent(fn)
+        return AwaitedWholeBatch(fn) if batch else AwaitedEachEvent(fn, pipelines=pipelines)
+    return WholeBatch(fn) if batch else EachEvent(fn, pipelines=pipelines)

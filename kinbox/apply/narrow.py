@@ -56,7 +56,14 @@ from typing import Literal
 
 from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
-from kinbox.apply.outcome import Abandoned, BatchResult, Failure, HandlerFailed, Verdict
+from kinbox.apply.outcome import (
+    Abandoned,
+    BatchResult,
+    Failure,
+    HandlerFailed,
+    Unpipelined,
+    Verdict,
+)
 from kinbox.consume.envelope import Record, derived_event, derived_id, unstorable_id
 from kinbox.errors import EnvelopeError, StoreError, TransportError
 from kinbox.event import Event
@@ -100,6 +107,8 @@ class Plan:
     """Events given up, by offset: dead-lettered without their handler running."""
     bare: set[int] = field(default_factory=set)
     """Offsets whose dead-letter reason is recorded as the bare reason code."""
+    pipelined: bool = True
+    """Whether the optimistic pass may run pipelined: until a pipelined pass failed."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +125,8 @@ Apply = Callable[[list[Event], Plan], Tally]
 
 Raises :class:`Refused`, :class:`Undeliverable`,
 :class:`~kinbox.apply.outcome.HandlerFailed`, :class:`~kinbox.apply.outcome.Abandoned`,
-or :class:`~kinbox.errors.StoreError` for what must wait.
+:class:`~kinbox.apply.outcome.Unpipelined`, or :class:`~kinbox.errors.StoreError` for
+what must wait.
 """
 
 
@@ -163,6 +173,9 @@ class Settlement:
             part = self._events[self._start : end]
             try:
                 tally = apply(part, self._plan)
+            except Unpipelined:
+                self._plan.pipelined = False  # the same part again, one statement at a time
+                continue
             except Abandoned as exc:
                 self._plan.verdicts[exc.event.offset] = exc.verdict
                 continue

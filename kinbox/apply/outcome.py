@@ -1,7 +1,8 @@
 """What became of one partition batch: :class:`BatchResult`, :class:`Failure`, each :class:`Step`.
 
 Also the control flow that carries a handler's failure out of a transaction
-(:class:`HandlerFailed`, :class:`Abandoned`, with a :class:`Verdict`).
+(:class:`HandlerFailed`, :class:`Abandoned`, with a :class:`Verdict`, and
+:class:`Unpipelined`).
 
 A leaf shared by the batch processor, the runner, the failure policy and the
 middleware; it imports nothing of them, so no circle forms between them.
@@ -134,6 +135,19 @@ class Verdict:
 
     reason: str
     error: BaseException
+
+
+class Unpipelined(Exception):
+    """A pipelined pass failed somewhere: roll back, redo without the pipeline.
+
+    Under the pipeline a statement's error may surface in a later handler or
+    only at the end, so it says nothing about which event failed; the redo
+    runs each handler's statements one by one, and blames the right one.
+    """
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(describe(cause))
+        self.cause = cause
 
 
 class Abandoned(Exception):

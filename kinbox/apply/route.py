@@ -60,18 +60,25 @@ class HandlerKind(Protocol):
     ``careful`` is false on the optimistic pass (no savepoints, a permanent
     failure abandons the pass) and true when the batch is redone after one
     (a savepoint per call, permanent failures dead-lettered in place).
+    ``pipelined`` (only ever with ``careful`` false) allows the optimistic pass
+    to send its statements without waiting for each result
+    (:meth:`~kinbox.store.base.InboxTransaction.pipelined`); a kind that uses
+    it raises :class:`~kinbox.apply.outcome.Unpipelined` on any failure.
     """
 
     @property
     def name(self) -> str:
         """``event`` or ``batch``: for logs and ``repr``."""
 
-    def run(self, calls: Calls, events: list[Event], *, careful: bool) -> None:
+    def run(
+        self, calls: Calls, events: list[Event], *, careful: bool, pipelined: bool = False
+    ) -> None:
         """Call the function over ``events`` (in offset order).
 
         Raises:
             HandlerFailed: a call failed and the event will be tried again.
             Abandoned: the optimistic pass met a permanent failure.
+            Unpipelined: a pipelined pass failed (which event is unknown).
             StoreError: the database went away (also when a handler saw it).
         """
 

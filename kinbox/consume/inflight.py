@@ -1,150 +1,159 @@
-"""The batch in flight: applied on a worker thread while the polling thread keeps polling.
+"""The batches in flight: at most one per partition, several partitions at once.
 
-The polling thread owns the consumer and all of the runner's state; batches
-run on one worker thread. A batch that takes longer than a moment — a slow
-handler, a database that went away — must not turn this member into a
-zombie: if the group expelled it (``max.poll.interval.ms``), its partitions
-would go to another member while it still works on them, and the commit at
-the end would be for a generation that is gone. So after :data:`HOLD_AFTER`
-the polling thread *holds* the assigned partitions (pauses them) and keeps
-calling ``poll()``: the member stays in the group however long the handler
-takes, and rebalance callbacks are served.
+Each partition batch is applied on a worker thread, in its own database
+transaction on its own connection, while the polling thread keeps polling:
+so one partition's COMMIT (its fsync) and the offset commit never hold up
+another partition's records, and PostgreSQL flushes concurrent commits
+together. Order stays per partition: a partition's next batch starts only
+once its batch in flight is settled.
 
-A revoke that touches the batch's partitions waits for it (bounded by the
-runner) so its offsets can be committed before the partitions go; a batch
-that outlives that wait has its offsets dropped — its database work is safe
-either way, the next owner's claim blocks on its rows and then finds them
-recorded.
+A batch that takes long — a slow handler, a database that went away — never
+turns the member into a zombie: the polling thread never waits for a batch
+(only a revoke does, bounded), so ``max.poll.interval.ms`` is never exceeded
+and rebalance callbacks are served. A revoke of a partition with a batch in
+flight waits for it (bounded by the runner) so its offsets can be committed
+before the partition goes; a batch that outlives that wait, or whose
+partition is lost, is *orphaned*: it runs to its end, its result is dropped,
+and no new batch of its partition starts before it ended — its database work
+is safe either way, the next owner's claim blocks on its rows and then finds
+them recorded.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+import threading
+import time
+from collections.abc import Callable, Collection
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
+from dataclasses import dataclass
 
 from kinbox.apply.outcome import BatchResult
-from kinbox.consume.envelope import Record
-from kinbox.kafka.base import Partition, Transport
+from kinbox.kafka.base import Partition
 
 log = logging.getLogger(__name__)
 
-Results = list[tuple[Partition, BatchResult]]
-
 HOLD_AFTER = 1.0
-"""Seconds a batch may run before the polling thread pauses the partitions and polls."""
+"""Seconds a batch may run before the polling thread says it is still running."""
+
+Finished = list[tuple[Partition, "Future[BatchResult]"]]
+
+
+@dataclass
+class _Batch:
+    future: Future[BatchResult]
+    started: float
+    orphan: bool = False
+    told: bool = False  # "still running" said already
 
 
 class InFlight:
-    """Runs one batch at a time on a worker thread; keeps the member polling meanwhile.
+    """Partition batches running on worker threads, one per partition at most.
 
     Args:
-        transport: the consumer, used only from the polling thread.
-        poll_size: most records per keep-alive poll.
-        revoke_wait: longest wait for the batch when its partitions are revoked.
-        keep_alive: called after each keep-alive poll (the runner commits offsets).
+        workers: most batches running at once.
+        executor: runs the batches; a thread pool of ``workers`` by default
+            (an executor that runs each job at once makes :meth:`submit`
+            synchronous: see :class:`kinbox.testing.InlineExecutor`).
     """
 
-    def __init__(
-        self,
-        transport: Transport,
-        poll_size: int,
-        revoke_wait: float,
-        keep_alive: Callable[[], None],
-    ) -> None:
-        self._transport = transport
-        self._poll_size = poll_size
-        self._revoke_wait = revoke_wait
-        self._keep_alive = keep_alive
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="kinbox-batch")
-        self._future: Future[Results] | None = None
-        self._partitions: set[Partition] = set()
-        self.held: set[Partition] = set()
-        """Partitions paused only because a batch is in flight."""
+    def __init__(self, workers: int, executor: Executor | None = None) -> None:
+        self.workers = workers
+        self._own = executor is None
+        self._executor = executor or ThreadPoolExecutor(workers, thread_name_prefix="kinbox-batch")
+        self._batches: dict[Partition, _Batch] = {}
+        self._ended = threading.Event()
 
-    def run(
-        self, work: Callable[[], Results], partitions: set[Partition], holdable: Sequence[Partition]
-    ) -> Results:
-        """Run ``work`` (a batch over ``partitions``) on the worker thread; return its results.
+    def __contains__(self, tp: object) -> bool:
+        """Whether ``tp`` has a batch in flight (an orphaned one included)."""
+        return tp in self._batches
 
-        After :data:`HOLD_AFTER` seconds, ``holdable`` is paused and polled
-        until the batch ends. The caller resumes them with :meth:`unhold`.
+    def __len__(self) -> int:
+        return len(self._batches)
 
-        Raises:
-            Exception: whatever ``work`` raised.
-        """
+    @property
+    def full(self) -> bool:
+        """Whether every worker has a batch."""
+        return len(self._batches) >= self.workers
+
+    def submit(self, tp: Partition, work: Callable[[], BatchResult]) -> None:
+        """Start ``work``, the next batch of ``tp`` (which has none in flight)."""
+        assert tp not in self._batches, f"{tp} already has a batch in flight"
+        started = time.monotonic()
         future = self._executor.submit(work)
-        try:
-            return future.result(timeout=HOLD_AFTER)
-        except FutureTimeout:
-            pass
-        log.info(
-            "batch on %s still running after %.1fs: pausing %d partition(s), polling meanwhile "
-            "to stay in the group",
-            sorted(partitions),
-            HOLD_AFTER,
-            len(holdable),
-        )
-        self._transport.pause(holdable)
-        self.held.update(holdable)
-        self._future, self._partitions = future, partitions
-        try:
-            while not future.done():
-                stray = self._transport.poll(self._poll_size, 0.2)
-                if stray:
-                    self._put_back(stray)
-                self._keep_alive()
-        finally:
-            self._future, self._partitions = None, set()
-        return future.result()
+        self._batches[tp] = _Batch(future, started)
+        future.add_done_callback(lambda _: self._ended.set())
 
-    def results_for_revoke(self, partitions: Collection[Partition]) -> Results:
-        """Wait (bounded) for a batch in flight on any of ``partitions``; return its results.
+    def wait(self, timeout: float) -> None:
+        """Sleep until a batch ends, at most ``timeout`` seconds."""
+        if self._batches:
+            self._ended.wait(timeout)
 
-        Returns no results when nothing of theirs is in flight, when the batch
-        failed (the polling loop re-raises that from the same future) or when
-        it outlives the wait.
+    def finished(self) -> Finished:
+        """The batches that ended since the last call, in start order.
+
+        An orphan's result is left out; an orphan that raised is not, so the
+        loop raises its exception as it would any batch's.
         """
-        future = self._future
-        if future is None or not self._partitions.intersection(partitions):
-            return []
-        try:
-            return future.result(timeout=self._revoke_wait)
-        except FutureTimeout:
-            log.warning(
-                "revoke of %s: the batch in flight is still running after %.1fs; its offsets "
-                "will not be committed (its database work is safe: the next owner's claim "
-                "waits for it and then suppresses it)",
-                sorted(partitions),
-                self._revoke_wait,
-            )
-            return []
-        except Exception:
-            return []
+        self._ended.clear()  # before looking: a batch ending now sets it again
+        out: Finished = []
+        for tp in [tp for tp, batch in self._batches.items() if batch.future.done()]:
+            batch = self._batches.pop(tp)
+            if not batch.orphan or batch.future.exception() is not None:
+                out.append((tp, batch.future))
+        return out
 
-    def unhold(self, keep_paused: Collection[Partition]) -> None:
-        """Resume the held partitions, except those in ``keep_paused`` (backing off)."""
-        due = sorted(tp for tp in self.held if tp not in keep_paused)
-        self.held.clear()
-        if due:
-            self._transport.resume(due)
+    def wait_for(self, partitions: Collection[Partition], timeout: float) -> Finished:
+        """Wait (at most ``timeout``) for the batches of ``partitions``; return those that ended.
+
+        A batch that ended with an exception is left for :meth:`finished`,
+        so the polling loop raises it. One still running afterwards is
+        orphaned (its result will be dropped), with a warning.
+        """
+        mine = {tp: b for tp, b in self._batches.items() if tp in partitions and not b.orphan}
+        if not mine:
+            return []
+        wait_all([b.future for b in mine.values()], timeout=timeout)
+        out: Finished = []
+        for tp, batch in mine.items():
+            if not batch.future.done():
+                batch.orphan = True
+                log.warning(
+                    "revoke of %s: its batch in flight is still running after %.1fs; its "
+                    "offsets will not be committed (its database work is safe: the next "
+                    "owner's claim waits for it and then suppresses it)",
+                    tp,
+                    timeout,
+                )
+            elif batch.future.exception() is None:
+                del self._batches[tp]
+                out.append((tp, batch.future))
+        return out
+
+    def orphan(self, partitions: Collection[Partition]) -> None:
+        """Drop the results of the batches of ``partitions`` (lost): they run to their end."""
+        for tp in partitions:
+            if tp in self._batches:
+                self._batches[tp].orphan = True
+
+    def slow(self) -> list[tuple[Partition, float]]:
+        """Batches running longer than :data:`HOLD_AFTER` not reported yet, and for how long."""
+        now = time.monotonic()
+        out = []
+        for tp, batch in self._batches.items():
+            if not batch.told and now - batch.started >= HOLD_AFTER:
+                batch.told = True
+                out.append((tp, now - batch.started))
+        return out
+
+    def drain(self) -> Finished:
+        """Wait for every batch (no bound: a transaction must not race the pool's close)."""
+        wait_all([b.future for b in self._batches.values()])
+        return self.finished()
 
     def shutdown(self) -> None:
-        """Wait for a batch still running: its transaction must not race the pool's close."""
-        self._executor.shutdown(wait=True)
-
-    def _put_back(self, records: list[Record]) -> None:
-        """Rewind and pause partitions that delivered while a batch is in flight.
-
-        Held partitions deliver nothing, but one assigned during the wait was
-        not held: its records are handed back, never dropped.
-        """
-        first: dict[Partition, int] = {}
-        for record in records:
-            tp = (record.topic, record.partition)
-            first[tp] = min(first.get(tp, record.offset), record.offset)
-        for tp, offset in first.items():
-            self._transport.pause([tp])
-            self._transport.seek(tp, offset)
-            self.held.add(tp)
+        """Wait for what still runs, and stop the worker threads."""
+        self.drain()
+        if self._own:
+            self._executor.shutdown(wait=True)

@@ -3,8 +3,20 @@
 An offset enters here only after the transaction that applied (or recorded)
 every event below it has committed, so whatever this module commits to Kafka
 is safe (DESIGN invariant 2). Leaving is the other half of the rule: a
-partition that is revoked gets one best-effort commit, and a partition that
+partition that is revoked gets one synchronous commit, and a partition that
 is lost gets none — another member owns it already.
+
+While the worker runs, offsets are committed *asynchronously*
+(:meth:`Offsets.commit`): the polling thread sends them and goes on, and the
+broker's answer comes back through a later poll (:meth:`Offsets.answered`).
+An offset stays pending until the broker has confirmed it, so a failed
+commit is simply sent again by the next turn — but only while the partition
+is this member's: a revoke or a loss calls :meth:`Offsets.forget`, and a
+late answer for a forgotten partition finds nothing to retry. So a retry
+never lands on a new owner. (A commit sent before the revoke may still be
+on its way; it carries an offset the database had committed, the broker
+handles it before this member's rejoin — same connection, in order — and
+the revoke's own synchronous commit follows it.)
 
 Markers: a transactional producer's commit (or abort) marker takes an
 offset of its own and is no record, so ``last offset + 1`` stops one short
@@ -19,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from kinbox.consume.envelope import Record
 from kinbox.errors import FatalTransportError, TransportError
@@ -42,6 +54,9 @@ class Offsets:
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
         self._pending: dict[Partition, int] = {}
+        # Sent asynchronously and not answered yet: not sent again meanwhile.
+        self._sent: dict[Partition, int] = {}
+        self._fatal: FatalTransportError | None = None
         # Per partition, for stepping over markers: the offset after the last
         # record handed over, after the last one settled, and what this
         # member last committed.
@@ -69,7 +84,7 @@ class Offsets:
 
     def forget(self, tp: Partition) -> None:
         """Drop ``tp``'s pending offset: the partition is no longer this member's."""
-        for known in (self._pending, self._handed, self._settled, self._committed):
+        for known in (self._pending, self._sent, self._handed, self._settled, self._committed):
             known.pop(tp, None)
 
     def _due(self, partitions: Iterable[Partition] | None = None) -> dict[Partition, int]:
@@ -97,20 +112,56 @@ class Offsets:
         return due
 
     def commit(self) -> None:
-        """Commit every pending offset; on any failure keep them for the next turn.
-
-        Kept even when the broker rejects the commit outright: in a cooperative
-        rebalance a commit sent between its two phases gets ILLEGAL_GENERATION
-        although this member keeps the partition, and dropping the offset then
-        would leave it uncommitted until the next record arrives — a clean stop
-        would not commit it either, and a restart would redeliver. Keeping it
-        cannot commit onto another owner: a revoke or a loss calls
-        :meth:`forget` (a revoke after one last try), so only partitions this
-        member still owns stay pending.
+        """Send every offset due and not already on its way, asynchronously.
 
         Raises:
-            FatalTransportError: the consumer is fatally broken; no turn can
-                commit again, so the worker must end.
+            FatalTransportError: the consumer is fatally broken (refused now,
+                or an earlier commit's answer said so); no turn can commit
+                again, so the worker must end.
+        """
+        if self._fatal is not None:
+            raise self._fatal
+        offsets = {tp: o for tp, o in self._due().items() if self._sent.get(tp) != o}
+        if not offsets:
+            return
+        try:
+            self._transport.commit(offsets, asynchronous=True)
+        except FatalTransportError:
+            raise
+        except TransportError as exc:
+            self._warn(exc)
+            return
+        self._sent.update(offsets)
+
+    def answered(self, offsets: Mapping[Partition, int], error: TransportError | None) -> None:
+        """The broker's answer to an asynchronous commit of ``offsets``.
+
+        Confirmed offsets stop being pending. Failed ones stay pending, so
+        the next :meth:`commit` sends them again — also when the broker
+        rejected the commit outright: in a cooperative rebalance a commit
+        sent between its two phases gets ILLEGAL_GENERATION although this
+        member keeps the partition, and dropping the offset would leave it
+        uncommitted until the next record arrives. A partition this member
+        no longer owns was forgotten, so nothing of it is retried.
+        """
+        for tp, offset in offsets.items():
+            if self._sent.get(tp) != offset:
+                continue  # forgotten meanwhile, or a later offset is on its way
+            del self._sent[tp]
+            if error is None:
+                self._confirmed(tp, offset)
+        if isinstance(error, FatalTransportError):
+            self._fatal = error
+        elif error is not None:
+            self._warn(error)
+        else:
+            self._last_warning = -_WARN_EVERY
+
+    def commit_now(self) -> None:
+        """Commit every offset due synchronously (at shutdown); on failure keep them.
+
+        Raises:
+            FatalTransportError: the consumer is fatally broken.
         """
         offsets = self._due()
         if not offsets:
@@ -118,23 +169,16 @@ class Offsets:
         try:
             self._transport.commit(offsets)
         except FatalTransportError:
-            raise  # no later turn can commit with this consumer: the worker ends
+            raise
         except TransportError as exc:
-            now = time.monotonic()
-            if now - self._last_warning >= _WARN_EVERY:
-                self._last_warning = now
-                kind = "failed" if exc.retriable else "rejected by the broker"
-                log.warning("offset commit %s, kept for the next try: %s", kind, exc)
+            self._warn(exc)
             return
         self._last_warning = -_WARN_EVERY
         for tp, offset in offsets.items():
-            self._committed[tp] = max(self._committed.get(tp, 0), offset)
-            # A batch may have advanced it meanwhile (from a revoke's wait).
-            if self._pending.get(tp, offset) <= offset:
-                self._pending.pop(tp, None)
+            self._confirmed(tp, offset)
 
     def commit_leaving(self, partitions: Iterable[Partition]) -> None:
-        """Commit the pending offsets of ``partitions`` once, as they are revoked."""
+        """Commit the offsets due of ``partitions`` once, synchronously, as they are revoked."""
         offsets = self._due(partitions)
         if not offsets:
             return
@@ -145,3 +189,17 @@ class Offsets:
             # commit onto the next owner. It re-reads from the last committed
             # offset and the inbox suppresses the repeats.
             log.warning("offset commit on revoke dropped: %s", exc)
+
+    def _confirmed(self, tp: Partition, offset: int) -> None:
+        """The broker holds ``offset`` for ``tp``: it is no longer pending."""
+        self._committed[tp] = max(self._committed.get(tp, 0), offset)
+        # A batch may have advanced it meanwhile (from a revoke's wait).
+        if self._pending.get(tp, offset) <= offset:
+            self._pending.pop(tp, None)
+
+    def _warn(self, exc: TransportError) -> None:
+        now = time.monotonic()
+        if now - self._last_warning >= _WARN_EVERY:
+            self._last_warning = now
+            kind = "failed" if exc.retriable else "rejected by the broker"
+            log.warning("offset commit %s, kept for the next try: %s", kind, exc)

@@ -1,9 +1,19 @@
 """The consume loop of one group member.
 
-Each turn: poll a batch, split it by partition, apply each partition batch in
-its own database transaction (:mod:`kinbox.apply.batch`, on the worker thread of
-:mod:`kinbox.consume.inflight`), then commit to Kafka the offsets those transactions
-covered — never more (:mod:`kinbox.consume.offsets`, DESIGN invariant 2).
+Each turn: poll, queue the records per partition (:mod:`kinbox.consume.lanes`),
+start a batch for every partition that has records and no batch in flight
+(:mod:`kinbox.consume.inflight`: each batch on a worker thread, in its own
+database transaction, :mod:`kinbox.apply.batch`), settle the batches that
+ended, and send to Kafka the offsets their transactions covered — never more
+(:mod:`kinbox.consume.offsets`, DESIGN invariant 2).
+
+So partitions are applied side by side, each in offset order, and the
+polling thread never waits for a batch: while one partition's transaction
+commits, the next partition's runs and the next records are fetched. Offsets
+are committed asynchronously as batches end (synchronously on revoke and at
+shutdown), each only after its own transaction, contiguous per partition
+(a partition's batches end in order), and never for a partition revoked or
+lost meanwhile.
 
 A partition that failed backs off (:mod:`kinbox.consume.backoff`): paused, rewound
 to the failed offset and resumed after the policy's delay, while the loop
@@ -18,6 +28,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Executor, Future
+from functools import partial
 
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
@@ -25,10 +37,11 @@ from kinbox.apply.outcome import BatchResult
 from kinbox.apply.policy import FailurePolicy, RetryPolicy
 from kinbox.config import Settings
 from kinbox.consume.backoff import Backoff
-from kinbox.consume.breaker import Breaker
+from kinbox.consume.breaker import Breaker, State
 from kinbox.consume.envelope import Record
-from kinbox.consume.inflight import InFlight, Results
+from kinbox.consume.inflight import HOLD_AFTER, InFlight
 from kinbox.consume.lag import LagBoard
+from kinbox.consume.lanes import Lanes
 from kinbox.consume.offsets import Offsets
 from kinbox.errors import ConfigurationError, FatalTransportError, TransportError
 from kinbox.kafka.base import Partition, Publisher, Transport
@@ -37,8 +50,15 @@ from kinbox.store.base import InboxStore
 
 log = logging.getLogger(__name__)
 
-Job = tuple[Partition, list[Record], int]
-"""One partition batch to apply: its partition, records and the first record's try."""
+LANES_BUDGET = 64
+"""Batches waiting in all lanes together: sixteen each for up to four partitions."""
+
+BUSY_WAIT = 0.002
+"""Seconds the loop sleeps, with batches in flight and nothing fetched, before polling again.
+
+It wakes at once when a batch ends; the bound only says how soon a record
+that arrives meanwhile is fetched.
+"""
 
 
 class Runner:
@@ -46,7 +66,7 @@ class Runner:
 
     Args:
         app: the handlers (and middleware).
-        settings: validated settings.
+        settings: validated settings; ``pool_size`` partition batches run at once.
         transport: Kafka (or a fake).
         store: the inbox (or a fake).
         policy: what to do about failures; default :class:`RetryPolicy`.
@@ -54,6 +74,9 @@ class Runner:
         publisher: where dead letters go (closed by :meth:`run`).
         dead_letter_limits: record size limit per dead-letter topic (see
             :func:`kinbox.kafka.admin.check_dead_letter_topics`).
+        executor: runs the batches; by default a thread pool of
+            ``settings.pool_size``. :class:`kinbox.testing.InlineExecutor`
+            applies each batch inside :meth:`turn`, for deterministic tests.
         lag: the consumer's lag per partition, filled by ``transport``;
             handed to the middleware (:class:`~kinbox.middleware.base.WorkerInfo`).
     """
@@ -68,6 +91,7 @@ class Runner:
         clock: Callable[[], float] = time.monotonic,
         publisher: Publisher | None = None,
         dead_letter_limits: Mapping[str, int] | None = None,
+        executor: Executor | None = None,
         lag: LagBoard | None = None,
     ) -> None:
         if not app.routes:
@@ -97,16 +121,16 @@ class Runner:
             transport, policy or RetryPolicy(settings.retry_initial, settings.retry_max), clock
         )
         self._breaker = Breaker(transport, settings.breaker_failures, settings.breaker_pause, clock)
-        self._inflight = InFlight(
-            transport,
-            settings.batch_max_messages,
-            # The consumer's own value: -X max.poll.interval.ms wins over the setting.
-            revoke_wait=min(settings.shutdown_timeout, settings.effective_max_poll_interval / 2),
-            keep_alive=self._offsets.commit,
-        )
+        # Up to PER_LANE batches wait per partition, LANES_BUDGET in all: the
+        # next batch of every partition is fetched already when its batch ends.
+        most = settings.batch_max_messages
+        self._lanes = Lanes(transport, most, LANES_BUDGET * most)
+        self._inflight = InFlight(settings.pool_size, executor)
+        # The consumer's own value: -X max.poll.interval.ms wins over the setting.
+        self._revoke_wait = min(settings.shutdown_timeout, settings.effective_max_poll_interval / 2)
 
     def stop(self) -> None:
-        """Ask the loop to finish the batch in hand and return (safe from a signal handler)."""
+        """Ask the loop to finish the batches in hand and return (safe from a signal handler)."""
         self._stopping = True
 
     @property
@@ -150,6 +174,7 @@ class Runner:
         log.info(
             "kinbox worker consuming %s as group %r", self._app.topics, self._settings.group_id
         )
+        failed: BaseException | None = None
         try:
             while not self._stopping:
                 self.turn()
@@ -165,20 +190,34 @@ class Runner:
                 raise
             raise error from exc
         finally:
-            self._close()
+            failed = self._close()
+        if failed is not None:
+            raise failed  # a batch raised (a middleware's before_batch) as the loop stopped
 
-    def _close(self) -> None:
-        # A batch still running (an exception interrupted the wait) ends
-        # first: its transaction must not race the pool's close.
+    def _close(self) -> BaseException | None:
+        """Settle the batches in flight, commit, release everything; return a batch's exception."""
+        failed: BaseException | None = None
+        # The batches still running end first: their transactions must not
+        # race the pool's close, and their offsets can still be committed.
+        for tp, future in self._inflight.drain():
+            exc = future.exception()
+            if exc is not None:
+                failed = failed or exc
+            elif not self._broken and tp in self._assigned:
+                self._advance(tp, future.result())
         self._inflight.shutdown()
         if not self._broken:  # a fatally broken consumer refuses every commit
-            self._offsets.commit()
+            try:
+                self._offsets.commit_now()
+            except FatalTransportError as exc:
+                log.error("final offset commit: the consumer failed fatally: %s", exc)
         # close() revokes the assignment: on_revoked commits anything left.
         self._transport.close()
         self._store.close()
         if self._publisher is not None:
             self._publisher.close()
         log.info("kinbox worker stopped")
+        return failed
 
     def _explained(self, exc: FatalTransportError) -> FatalTransportError:
         """``exc``, or the consumer's own account of the fatal error if ``exc`` lacks it.
@@ -196,14 +235,32 @@ class Runner:
         return exc
 
     def turn(self) -> None:
-        """One poll-apply-commit round (public so tests can step the loop)."""
+        """One round: poll, start batches, settle those that ended, send offsets.
+
+        Public so tests can step the loop (with an inline executor, every
+        batch started in a turn is also settled in it).
+        """
         if self._breaker.gate(self._assigned, self._backoff.paused):
             self._backoff.resume_due()
-        records = self._transport.poll(
-            self._settings.batch_max_messages, self._settings.batch_max_wait
-        )
+        busy = len(self._inflight) > 0
+        # With batches in flight, a poll must not wait: a batch ending is
+        # what there is to do next, and wait() wakes for it at once.
+        wait = 0.0 if busy else self._settings.batch_max_wait
+        records = self._transport.poll(self._settings.batch_max_messages, wait)
         if records:
-            self._handle(records)
+            self._take(records)
+        elif busy:
+            self._inflight.wait(BUSY_WAIT)
+        self._progress()
+        for tp, seconds in self._inflight.slow():
+            log.info(
+                "batch on %s still running after %.1fs: pausing its partition once %d more "
+                "records of it are fetched; the other partitions go on, and polling goes on "
+                "to stay in the group",
+                tp,
+                max(seconds, HOLD_AFTER),
+                self._lanes.cap,
+            )
         self._offsets.commit()
 
     # -- rebalance listener (called from inside Transport.poll / close) --
@@ -214,6 +271,7 @@ class Runner:
         for tp in partitions:
             self._forget(tp)
             self._assigned.add(tp)
+        self._lanes.share(len(self._assigned))
 
     def on_revoked(self, partitions: list[Partition]) -> None:
         """Commit what the database has committed for ``partitions`` before they go.
@@ -223,11 +281,12 @@ class Runner:
         """
         log.info("revoked %s", partitions)
         if self._broken:
+            self._inflight.orphan(partitions)
             self._release(partitions)  # nothing can be committed any more
             return
-        for tp, result in self._inflight.results_for_revoke(partitions):
-            if tp in partitions and result.next_offset is not None:
-                self._offsets.advance(tp, result.next_offset)
+        for tp, future in self._inflight.wait_for(partitions, self._revoke_wait):
+            if tp in self._assigned:
+                self._advance(tp, future.result())
         self._offsets.commit_leaving(partitions)
         self._release(partitions)
 
@@ -236,17 +295,18 @@ class Runner:
         log.warning(
             "lost %s (expelled from the group); their offsets are not committed", partitions
         )
+        self._inflight.orphan(partitions)
         self._release(partitions)
+
+    def on_committed(self, offsets: Mapping[Partition, int], error: TransportError | None) -> None:
+        """The broker's answer to an asynchronous offset commit."""
+        self._offsets.answered(offsets, error)
 
     # -- internals --
 
     def _release(self, partitions: list[Partition]) -> None:
-        held = self._inflight.held
-        paused = [
-            tp
-            for tp in partitions
-            if tp in self._backoff.paused or tp in held or tp in self._breaker.held
-        ]
+        held = self._lanes.held | self._breaker.held
+        paused = [tp for tp in partitions if tp in self._backoff.paused or tp in held]
         if paused:
             try:
                 # Pausing is the member's own state; don't let it outlive the
@@ -256,51 +316,87 @@ class Runner:
                 log.debug("resume on release failed: %s", exc)
         for tp in partitions:
             self._forget(tp)
+        self._lanes.share(len(self._assigned))
 
     def _forget(self, tp: Partition) -> None:
         self._assigned.discard(tp)
-        self._inflight.held.discard(tp)
+        self._lanes.drop(tp)
+        self._lanes.held.discard(tp)
         self._offsets.forget(tp)
         self._backoff.forget(tp)
         self._breaker.forget(tp)
 
-    def _handle(self, records: list[Record]) -> None:
+    def _take(self, records: list[Record]) -> None:
         self._offsets.handed(records)
         by_partition: dict[Partition, list[Record]] = {}
         for record in records:
             by_partition.setdefault((record.topic, record.partition), []).append(record)
-        # A partition backing off was fetched before its pause took effect; it
-        # was rewound and will deliver these again after the resume.
-        runnable = {tp: b for tp, b in by_partition.items() if tp not in self._backoff.paused}
-        jobs: list[Job] = [
-            (tp, batch, self._backoff.attempt(tp, batch[0].offset))
-            for tp, batch in self._breaker.admit(runnable).items()
-        ]
-        if not jobs:
-            return
-        holdable = sorted(
-            tp
-            for tp in self._assigned
-            if tp not in self._backoff.paused and tp not in self._breaker.held
-        )
-        results = self._inflight.run(
-            lambda: self._process(jobs), {tp for tp, _, _ in jobs}, holdable
-        )
-        for tp, result in results:
-            # A partition revoked or lost meanwhile is not ours to commit or rewind.
-            if tp in self._assigned:
-                self._settle(tp, result)
-        self._inflight.unhold(keep_paused=self._backoff.paused)
+        for tp, batch in by_partition.items():
+            if tp not in self._assigned or tp in self._backoff.paused:
+                # Revoked meanwhile (its next owner reads it), or fetched
+                # before a pause took effect (the partition was rewound and
+                # will deliver these again after the resume).
+                continue
+            self._lanes.add(tp, batch)
 
-    def _process(self, jobs: list[Job]) -> Results:
-        """Runs on the batch thread: database and handlers only, no runner state."""
-        return [(tp, self._processor.process(batch, attempt)) for tp, batch, attempt in jobs]
+    def _progress(self) -> None:
+        """Settle the batches that ended and start the next ones, while that changes anything."""
+        self._settle_finished()
+        # An inline executor ends each batch as it starts: go on until every lane is empty.
+        while self._start() and self._settle_finished():
+            pass
 
-    def _settle(self, tp: Partition, result: BatchResult) -> None:
+    def _start(self) -> bool:
+        """Start a batch for each partition with records waiting and none in flight."""
+        started = False
+        for tp in self._lanes.ready():
+            if self._inflight.full:
+                break
+            if tp in self._inflight or tp in self._backoff.paused:
+                continue
+            batch = self._admitted(tp)
+            if not batch:
+                continue
+            attempt = self._backoff.attempt(tp, batch[0].offset)
+            self._inflight.submit(tp, partial(self._processor.process, batch, attempt))
+            started = True
+        self._lanes.unhold(keep_paused={*self._backoff.paused, *self._breaker.held})
+        return started
+
+    def _admitted(self, tp: Partition) -> list[Record]:
+        """The next batch of ``tp``'s lane, as far as the circuit breaker lets it run.
+
+        A breaker open or half-open takes the whole lane: what it does not
+        let through (all, or all but its probe) it rewinds and pauses, so
+        those records come again when it closes.
+        """
+        if self._breaker.state is State.CLOSED:
+            return self._lanes.take(tp, self._settings.batch_max_messages)
+        lane = self._lanes.take(tp, self._lanes.waiting(tp))
+        batch = self._breaker.admit({tp: lane}).get(tp, [])
+        if tp in self._breaker.held:
+            self._lanes.held.discard(tp)  # paused by the breaker now, not for a full lane
+        return batch
+
+    def _settle_finished(self) -> bool:
+        finished = self._inflight.finished()
+        for tp, future in finished:
+            self._settle(tp, future)
+        return bool(finished)
+
+    def _settle(self, tp: Partition, future: Future[BatchResult]) -> None:
+        result = future.result()  # a batch's exception ends the loop, as it did the batch
+        if tp not in self._assigned:
+            return  # revoked or lost meanwhile: not ours to commit or rewind
+        self._advance(tp, result)
+        if result.failure is not None:
+            # The records fetched behind the failure come again after the rewind.
+            self._lanes.drop(tp)
+            self._lanes.held.discard(tp)  # paused for its backoff now, not for a full lane
+            self._backoff.fail(tp, result.failure)
+
+    def _advance(self, tp: Partition, result: BatchResult) -> None:
         self._breaker.observe(result)
         if result.next_offset is not None:
             self._offsets.advance(tp, result.next_offset)
             self._backoff.advanced(tp, result.next_offset)
-        if result.failure is not None:
-            self._backoff.fail(tp, result.failure)
-            self._inflight.held.discard(tp)  # paused for its backoff now, not for the batch

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from kinbox.consume.envelope import Record
+    from kinbox.errors import TransportError
 
 Partition = tuple[str, int]
 """A (topic, partition) pair."""
 
 
 class RebalanceListener(Protocol):
-    """Told about assignment changes, from inside :meth:`Transport.poll`."""
+    """Told about assignment changes and commit outcomes, from inside :meth:`Transport.poll`."""
 
     def on_assigned(self, partitions: list[Partition]) -> None:
         """Partitions were added to this member."""
@@ -31,6 +32,9 @@ class RebalanceListener(Protocol):
 
     def on_lost(self, partitions: list[Partition]) -> None:
         """Partitions were taken away already: commit nothing for them."""
+
+    def on_committed(self, offsets: Mapping[Partition, int], error: TransportError | None) -> None:
+        """The broker answered an asynchronous commit of ``offsets``; ``error`` if it failed."""
 
 
 class Transport(Protocol):
@@ -42,12 +46,17 @@ class Transport(Protocol):
     def poll(self, max_messages: int, timeout: float) -> list[Record]:
         """Return up to ``max_messages`` records, waiting at most ``timeout`` seconds."""
 
-    def commit(self, offsets: Mapping[Partition, int]) -> None:
-        """Commit ``offsets`` (next offset to read) synchronously.
+    def commit(self, offsets: Mapping[Partition, int], *, asynchronous: bool = False) -> None:
+        """Commit ``offsets`` (next offset to read); synchronously unless ``asynchronous``.
+
+        An asynchronous commit returns once it is sent; a later :meth:`poll`
+        tells the listener its outcome (:meth:`RebalanceListener.on_committed`).
+        Commits are sent in order, so a later one lands after an earlier one.
 
         Raises:
             TransportError: ``retriable`` is false when the broker rejected the
-                commit because the group moved on.
+                commit because the group moved on (a synchronous commit), or the
+                client refused to send it.
         """
 
     def pause(self, partitions: Sequence[Partition]) -> None:

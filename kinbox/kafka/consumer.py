@@ -5,9 +5,10 @@ unit tests); :class:`KafkaTransport` is the real one, on a confluent-kafka
 ``Consumer``.
 
 Offsets: ``enable.auto.commit=false`` and ``enable.auto.offset.store=false``.
-kinbox commits synchronously, and only offsets whose events are committed in
-PostgreSQL; nothing in librdkafka commits on its own (auto-commit would also
-commit on revoke, including partitions whose batch was rolled back).
+kinbox commits only offsets whose events are committed in PostgreSQL —
+asynchronously while it runs, synchronously on revoke and at shutdown;
+nothing in librdkafka commits on its own (auto-commit would also commit on
+revoke, including partitions whose batch was rolled back).
 
 Isolation: ``read_committed``. A transactional producer's records reach the
 handlers only once their transaction committed; aborted ones never do. The
@@ -15,6 +16,14 @@ consumer reads up to the partition's *last stable offset*: behind a
 transaction still open it waits (polling, without error), and the offsets it
 commits step over the transaction markers, which take an offset each but are
 no record.
+
+Prefetch: librdkafka fetches ahead into a local queue, by default up to
+64 MiB (``queued.max.messages.kbytes``) and 100,000 records per partition
+(``queued.min.messages``), with fetch responses of up to 50 MiB
+(``fetch.max.bytes``). kinbox applies at most one batch per partition at a
+time and keeps the next batches of each partition waiting in its lane
+(:mod:`kinbox.consume.lanes`), so most of that queue would only be memory:
+:data:`PREFETCH` sets smaller limits. ``-X`` overrides them.
 
 Every call into the client runs under a :class:`~kinbox.kafka.watch.CallWatch`:
 a synchronous commit can wait forever inside librdkafka, and then the worker
@@ -49,6 +58,25 @@ from kinbox.kafka.watch import CallWatch
 
 log = logging.getLogger(__name__)
 
+PREFETCH: dict[str, int] = {
+    # The local queue of fetched records, all partitions together (KiB).
+    "queued.max.messages.kbytes": 16384,
+    # A full queue postpones a partition's next fetch this long (librdkafka's
+    # default of 1 s would starve a consumer whose queue is small).
+    "fetch.queue.backoff.ms": 20,
+    # One fetch response, all partitions (bytes); the broker may exceed it
+    # by one record batch, so a large record is still delivered.
+    "fetch.max.bytes": 8 * 1024 * 1024,
+    # How long the broker holds a fetch that has nothing to return: a
+    # partition resumed meanwhile waits for it (librdkafka's default: 500).
+    "fetch.wait.max.ms": 100,
+    # One partition's share of a fetch (librdkafka's default: 1 MiB): the
+    # queue interleaves partitions finely, so a partition held for a full
+    # lane drops little of what was fetched for it.
+    "max.partition.fetch.bytes": 256 * 1024,
+}
+"""kinbox's prefetch limits for the consumer (librdkafka's own defaults are larger)."""
+
 
 def consumer_config(settings: Settings, lag: LagBoard | None = None) -> dict[str, Any]:
     """Return the librdkafka configuration for ``settings``; ``-X`` overrides win.
@@ -73,6 +101,7 @@ def consumer_config(settings: Settings, lag: LagBoard | None = None) -> dict[str
         "isolation.level": "read_committed",
         "max.poll.interval.ms": int(settings.max_poll_interval * 1000),
         "logger": logging.getLogger("kinbox.kafka"),
+        **PREFETCH,
     }
     if overrides.get("group.protocol", "classic") == "classic":
         # Under KIP-848 (group.protocol=consumer) the broker owns these two
@@ -113,11 +142,19 @@ class KafkaTransport:
         config = consumer_config(settings, lag)
         self._log = ClientLog(config["logger"])
         config["logger"] = self._log
+        # Only stored here: the binding may call it with an exception pending
+        # (see kinbox.kafka.errors); poll() reads the outcomes after consume().
+        config["on_commit"] = self._on_commit
         self._consumer = create_client(Consumer, config, "the consumer")
+        self._listener: RebalanceListener | None = None
+        self._answers: list[tuple[KafkaError | None, list[TopicPartition]]] = []
         # A call may last a revoke's wait and a commit; one past the poll
         # interval has cost the member its place in the group already.
         interval = settings.effective_max_poll_interval
         self._watch = CallWatch(interval, 2 * interval, on_wedged)
+
+    def _on_commit(self, err: KafkaError | None, parts: list[TopicPartition]) -> None:
+        self._answers.append((err, parts))
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         """See :meth:`Transport.subscribe`.
@@ -128,6 +165,7 @@ class KafkaTransport:
         ``rebalance_protocol()`` to choose with here, so kinbox leaves that call
         to the binding and only does its offset bookkeeping in the callbacks.
         """
+        self._listener = listener
 
         def assigned(_: Consumer, parts: list[TopicPartition]) -> None:
             listener.on_assigned(_pairs(parts))
@@ -149,6 +187,10 @@ class KafkaTransport:
     def poll(self, max_messages: int, timeout: float) -> list[Record]:
         """See :meth:`Transport.poll`; error events are logged, fatal ones raised.
 
+        Waits at most ``timeout`` for the *first* record, then takes whatever
+        else is already fetched, without waiting to fill ``max_messages``:
+        at low load a record is handed over as soon as it arrives.
+
         Raises:
             FatalTransportError: the consumer is fatally broken (e.g. fenced
                 by another member with its ``group.instance.id``); its error
@@ -156,11 +198,17 @@ class KafkaTransport:
         """
         try:
             with self._watch.call("polling"):
-                messages = self._consumer.consume(max_messages, timeout)
+                # Wait for the first record only, then take what is buffered:
+                # at low load a poll never waits to fill a batch.
+                messages = self._consumer.consume(1, timeout)
+                if messages and max_messages > 1:
+                    messages += self._consumer.consume(max_messages - 1, 0)
         except KafkaException as exc:
             raise translate("consuming", exc) from exc
         except SystemError as exc:
             raise FatalTransportError(f"consuming: {broken(exc, self._log)}") from exc
+        finally:
+            self._answer()
         records = []
         for msg in messages:
             err = msg.error()
@@ -172,11 +220,18 @@ class KafkaTransport:
                 log.warning("consumer error (librdkafka retries): %s", err.str())
         return records
 
-    def commit(self, offsets: Mapping[Partition, int]) -> None:
+    def commit(self, offsets: Mapping[Partition, int], *, asynchronous: bool = False) -> None:
         """See :meth:`Transport.commit`."""
         if not offsets:
             return
         parts = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+        if asynchronous:
+            try:
+                with self._watch.call(f"committing {dict(offsets)} (asynchronously)"):
+                    self._consumer.commit(offsets=parts, asynchronous=True)
+            except KafkaException as exc:
+                raise translate(f"committing {dict(offsets)}", exc) from exc
+            return
         try:
             # No timeout in the binding: the watch is what bounds this wait.
             with self._watch.call(f"committing {dict(offsets)}"):
@@ -191,6 +246,27 @@ class KafkaTransport:
                     f"committing {part.topic}[{part.partition}]@{part.offset}",
                     KafkaException(part.error),
                 )
+
+    def _answer(self) -> None:
+        """Tell the listener the outcome of each asynchronous commit answered meanwhile."""
+        answers, self._answers = self._answers, []
+        for err, parts in answers:
+            failed: dict[Partition, int] = {}
+            done: dict[Partition, int] = {}
+            error = None
+            for part in parts:
+                problem = part.error or err
+                if problem is None or problem.code() == KafkaError._NO_OFFSET:
+                    done[(part.topic, part.partition)] = part.offset
+                else:
+                    failed[(part.topic, part.partition)] = part.offset
+                    error = translate("committing (asynchronously)", KafkaException(problem))
+            if self._listener is None:
+                continue
+            if done:
+                self._listener.on_committed(done, None)
+            if failed:
+                self._listener.on_committed(failed, error)
 
     def pause(self, partitions: Sequence[Partition]) -> None:
         """See :meth:`Transport.pause`."""
@@ -250,15 +326,16 @@ def to_record(msg: Message) -> Record:
     """
     ts_type, ts = msg.timestamp()
     headers, headers_error = _headers(msg)
+    # Positional: this runs for every record consumed.
     return Record(
-        topic=cast(str, msg.topic()),
-        partition=cast(int, msg.partition()),
-        offset=cast(int, msg.offset()),
-        key=msg.key(),
-        value=msg.value(),
-        headers=headers,
-        timestamp=None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
-        headers_error=headers_error,
+        cast(str, msg.topic()),
+        cast(int, msg.partition()),
+        cast(int, msg.offset()),
+        msg.key(),
+        msg.value(),
+        headers,
+        None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
+        headers_error,
     )
 
 

@@ -10,10 +10,13 @@ span or a context opened in one is always closed in the other.
     and after it has left. An exception in ``before_worker_start`` stops the
     worker from starting; the layers already started get ``after_worker_stop``.
 ``before_batch``
-    in registration order, on the batch thread, before any database work. An
-    exception here propagates: the batch is not applied, nothing is committed
-    past it, and the worker stops, loudly — a broken layer must not let events
-    through unobserved. The layers whose ``before_batch`` ran still get their
+    in registration order, on a batch thread, before any database work
+    (batches of different partitions run on different threads at the same
+    time, so a layer that keeps state shares it between them; two batches
+    of one partition never overlap, and a batch's hooks all run on its
+    thread). An exception here propagates: the batch is not applied, nothing
+    is committed past it, and the worker stops, loudly — a broken layer must
+    not let events through unobserved. The layers whose ``before_batch`` ran still get their
     ``after_batch``, with the error.
 ``around_event`` / ``around_events``
     around each call of a per-event handler (one event) or a batch handler

@@ -37,6 +37,7 @@ from kinbox.kafka.base import Partition, RebalanceListener
 
 if TYPE_CHECKING:
     from kinbox.consume.envelope import Record
+    from kinbox.errors import TransportError
     from kinbox.kafka.base import Transport
 
 log = logging.getLogger(__name__)
@@ -192,9 +193,9 @@ class ObservedTransport:
         finally:
             self._health.turned()
 
-    def commit(self, offsets: Mapping[Partition, int]) -> None:
+    def commit(self, offsets: Mapping[Partition, int], *, asynchronous: bool = False) -> None:
         """See :meth:`Transport.commit`."""
-        self._inner.commit(offsets)
+        self._inner.commit(offsets, asynchronous=asynchronous)
 
     def pause(self, partitions: Sequence[Partition]) -> None:
         """See :meth:`Transport.pause`."""
@@ -237,3 +238,6 @@ class _Listener:
         self._inner.on_lost(partitions)
         self._held.difference_update(partitions)
         self._health.holding(len(self._held))
+
+    def on_committed(self, offsets: Mapping[Partition, int], error: TransportError | None) -> None:
+        self._inner.on_committed(offsets, error)

@@ -17,6 +17,7 @@ it like any failure (permanent: dead-lettered with reason ``payload``).
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,7 +73,24 @@ def prepare(
 
         invoke = Sessions(plan.session).around(invoke)
     call = _per_batch(decode, invoke) if batch else _per_event(decode, invoke)
-    return functools.wraps(fn)(call)
+    wrapped = functools.wraps(fn)(call)
+    if plan.session is not None:
+        _WITH_SESSION.add(wrapped)
+    return wrapped
+
+
+# The prepared calls that open an ORM session (weakly held: a registry's only).
+_WITH_SESSION: weakref.WeakSet[Callable[..., object]] = weakref.WeakSet()
+
+
+def opens_session(call: Callable[..., object]) -> bool:
+    """Whether ``call`` (from :func:`prepare`) hands its handler a SQLAlchemy session.
+
+    Such a handler must not run under psycopg's pipeline mode: SQLAlchemy's
+    own statements (its first-connect queries, a flush's RETURNING) read
+    their results at once, which a pipeline defers, and fail there.
+    """
+    return call in _WITH_SESSION
 
 
 Invoke = Callable[[object, object, Any, Any], object]

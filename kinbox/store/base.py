@@ -10,7 +10,7 @@ one contract suite (``tests/contract``).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -76,6 +76,26 @@ class InboxTransaction(Protocol):
             StoreError: also when the block ends normally but left the
                 transaction aborted (a handler swallowed a database error),
                 so the failure is blamed on that handler, never on a later one.
+        """
+
+    def pipelined(self) -> AbstractContextManager[Callable[[], bool]]:
+        """Handler code whose statements are sent without waiting for each result.
+
+        Many statements then cost one round trip (psycopg's pipeline mode),
+        but the database reports a failed statement only when its result is
+        read: during a later handler, or as the block ends. So a database
+        error raised inside cannot be pinned on the handler running when it
+        was raised; the caller rolls back and redoes the batch without the
+        pipeline. A handler that reads a result (``fetchone``) still gets it:
+        the read waits for it.
+
+        Yields ``settle()``: waits for every statement sent so far and says
+        whether all of them succeeded (the transaction is not aborted) — then
+        an exception a handler just raised is its own.
+
+        Raises:
+            StoreError: translated as in :meth:`savepoint`, also when the
+                block ends with the transaction aborted.
         """
 
     def outage(self, exc: BaseException) -> StoreError | None:

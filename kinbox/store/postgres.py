@@ -13,7 +13,7 @@ non-ASCII character escaped when the database's encoding is not UTF8.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,10 +26,14 @@ from kinbox.errors import SchemaError, StoreError
 from kinbox.event import Event
 from kinbox.names import sql_identifier
 from kinbox.store import migrations
+from kinbox.store.arrays import hex_array, int_array, text_array
 from kinbox.store.base import InboxTransaction, first_occurrences
+from kinbox.store.checkout import Checkout
 from kinbox.store.errors import left_aborted, transient_cause, translate
 from kinbox.store.schema import INBOX
 from kinbox.traceparent import trace_id
+
+_INERROR = psycopg.pq.TransactionStatus.INERROR
 
 
 class PostgresInboxStore:
@@ -39,21 +43,24 @@ class PostgresInboxStore:
         conninfo: a libpq URL or ``key=value`` string.
         schema: where ``processed_events`` lives (validated identifier).
         consumer: the dedup scope, the Kafka consumer group id.
-        pool_size: most connections held (the runner uses one at a time).
+        pool_size: connections held: the runner applies that many partition
+            batches at once, each on its own connection.
     """
 
     def __init__(self, conninfo: str, *, schema: str, consumer: str, pool_size: int = 2) -> None:
         self._schema = sql_identifier(schema, setting="schema")
         self._consumer = consumer
-        # check_connection costs one round trip per checkout but turns a
-        # connection killed by a server restart into a fresh one instead of a
-        # failed batch.
+        # The check turns a connection killed by a server restart into a
+        # fresh one instead of a failed batch, mostly without a round trip
+        # (kinbox.store.checkout). All connections are opened at once: the
+        # runner uses them side by side from its first batches on.
+        self._checkout = Checkout()
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             conninfo,
-            min_size=1,
+            min_size=max(1, pool_size),
             max_size=max(1, pool_size),
             open=False,
-            check=ConnectionPool.check_connection,
+            check=self._checkout.check,
             name="kinbox-inbox",
         )
         # One statement decides which events are fresh. The primary key
@@ -62,33 +69,41 @@ class PostgresInboxStore:
         # conflict, so two members that briefly own the same partition during
         # a rebalance still apply the event once. Never SELECT-then-INSERT:
         # that races.
-        # The trace ids ride along as one more array: no extra statement.
+        #
+        # One partition's events at a time: topic and partition are plain
+        # parameters, the ids, offsets and trace ids three array literals
+        # (see kinbox.store.arrays). The statements are rendered to bytes
+        # once, so psycopg converts each only once.
         insert = (
             "INSERT INTO {}.processed_events"
             ' (consumer, event_id, status, topic, partition, "offset", trace_id)'
-            " SELECT %s, c.event_id, 'applied', c.topic, c.partition, c.off, c.trace_id"
-            " FROM unnest(%s::text[], %s::text[], %s::int[], %s::bigint[], %s::text[])"
-            " AS c(event_id, topic, partition, off, trace_id)"
+            " SELECT %s, c.event_id, 'applied', %s, %s, c.off, c.trace_id"
+            " FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS c(event_id, off, trace_id)"
             " ON CONFLICT (consumer, event_id) "
         )
         table = sql.Identifier(self._schema)
-        self._claim = sql.SQL(insert + "DO NOTHING RETURNING event_id").format(table)
+        self._claim = sql.SQL(insert + "DO NOTHING RETURNING event_id").format(table).as_bytes()
         # The same claim for replayed records, except that a dead-lettered row
         # may be taken over: the row lock the UPDATE takes serialises two
         # deliveries of the replay exactly like the INSERT does, and an
         # applied row never matches the WHERE, so a replay applies at most once.
-        self._reclaim = sql.SQL(
-            insert + "DO UPDATE SET status = 'applied',"
-            ' topic = EXCLUDED.topic, partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
+        reclaim = (
+            insert + "DO UPDATE SET status = 'applied', topic = EXCLUDED.topic,"
+            ' partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
             " processed_at = now(), reason = NULL, trace_id = EXCLUDED.trace_id"
             " WHERE processed_events.status = 'dead_lettered'"
             " RETURNING event_id"
-        ).format(table)
+        )
+        self._reclaim = sql.SQL(reclaim).format(table).as_bytes()
         # Runs only on a row this transaction just claimed, so it always finds it.
-        self._dead_letter = sql.SQL(
-            "UPDATE {}.processed_events SET status = 'dead_lettered', reason = %s"
-            " WHERE consumer = %s AND event_id = %s"
-        ).format(table)
+        self._dead_letter = (
+            sql.SQL(
+                "UPDATE {}.processed_events SET status = 'dead_lettered', reason = %s"
+                " WHERE consumer = %s AND event_id = %s"
+            )
+            .format(table)
+            .as_bytes()
+        )
 
     def open(self, timeout: float = 30.0) -> None:
         """Open the pool and check that ``kinbox migrate`` has run.
@@ -101,6 +116,7 @@ class PostgresInboxStore:
             self._pool.open(wait=True, timeout=timeout)
             with self._pool.connection() as conn:
                 migrations.check(conn, self._schema, INBOX)
+                self._checkout.given_back(conn)
         except SchemaError:
             raise
         except (psycopg.Error, TimeoutError) as exc:  # PoolTimeout is an OperationalError
@@ -110,8 +126,12 @@ class PostgresInboxStore:
     def transaction(self) -> Iterator[InboxTransaction]:
         """See :meth:`InboxStore.transaction`."""
         try:
-            with self._pool.connection() as conn, conn.transaction():
-                yield self._transaction_type(conn, self._consumer, self)
+            with self._pool.connection() as conn:
+                try:
+                    with conn.transaction():
+                        yield self._transaction_type(conn, self._consumer, self)
+                finally:
+                    self._checkout.given_back(conn)
         except psycopg.Error as exc:
             # What gets here untranslated comes from taking a connection,
             # BEGIN, COMMIT or ROLLBACK: COMMIT runs the handlers' deferred
@@ -152,25 +172,31 @@ class _PostgresTransaction:
                 fresh.update(self._run_claim(statement, group))
         return [e for e in unique if e.id in fresh]
 
-    def _run_claim(self, statement: sql.Composed, events: Sequence[Event]) -> set[str]:
-        params = (
-            self._consumer,
-            [e.id for e in events],
-            [e.topic for e in events],
-            [e.partition for e in events],
-            [e.offset for e in events],
-            # Parsed here, never failing: a malformed header stores NULL.
-            [trace_id(e.headers) for e in events],
-        )
-        try:
-            rows = self._conn.execute(statement, params).fetchall()
-        except psycopg.Error as exc:
-            raise translate(exc) from exc
-        except ValueError as exc:
-            # psycopg encodes parameters before sending: an id the client
-            # encoding has no code for fails here, as a UnicodeEncodeError.
-            raise StoreError(describe(exc), transient=False) from exc
-        return {row[0] for row in rows}
+    def _run_claim(self, statement: bytes, events: Sequence[Event]) -> set[str]:
+        partitions: dict[tuple[str, int], list[Event]] = {}
+        for event in events:
+            partitions.setdefault((event.topic, event.partition), []).append(event)
+        fresh: set[str] = set()
+        for (topic, partition), group in partitions.items():
+            params = (
+                self._consumer,
+                topic,
+                partition,
+                text_array([e.id for e in group]),
+                int_array(e.offset for e in group),
+                # Parsed here, never failing: a malformed header stores NULL.
+                hex_array(trace_id(e.headers) for e in group),
+            )
+            try:
+                rows = self._conn.execute(statement, params).fetchall()
+            except psycopg.Error as exc:
+                raise translate(exc) from exc
+            except ValueError as exc:
+                # psycopg encodes parameters before sending: an id the client
+                # encoding has no code for fails here, as a UnicodeEncodeError.
+                raise StoreError(describe(exc), transient=False) from exc
+            fresh.update(row[0] for row in rows)
+        return fresh
 
     def dead_letter(self, event: Event, reason: str) -> None:
         text = storable(reason, self._conn.info.parameter_status("server_encoding"))
@@ -212,11 +238,32 @@ class _PostgresTransaction:
         # and take the blame.
         self._raise_if_aborted()
 
+    @contextmanager
+    def pipelined(self) -> Iterator[Callable[[], bool]]:
+        try:
+            with self._conn.pipeline() as pipeline:
+
+                def settle() -> bool:
+                    try:
+                        pipeline.sync()
+                    except psycopg.Error:
+                        return False
+                    return not self._aborted()
+
+                yield settle
+        except psycopg.Error as exc:
+            raise translate(exc, own=False) from exc
+        self._raise_if_aborted()
+
     def _raise_if_aborted(self) -> None:
         """Blame the handler that returned normally but left the transaction aborted."""
-        # libpq tracks the status locally: no round trip.
-        if self._conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        if self._aborted():
             raise left_aborted()
+
+    def _aborted(self) -> bool:
+        # libpq tracks the status locally: no round trip (and through pgconn,
+        # not conn.info, which builds an object per call: this runs per event).
+        return self._conn.pgconn.transaction_status == _INERROR
 
     def outage(self, exc: BaseException) -> StoreError | None:
         return transient_cause(exc)

@@ -3,7 +3,9 @@
 Without any server: :class:`FakeStore` stands in for the PostgreSQL inbox
 store, :class:`FakeTransport` for the Kafka consumer and
 :class:`FakePublisher` for the dead-letter producer; :func:`record` builds a
-record carrying an event id. Each has knobs that make it fail the way the
+record carrying an event id. :class:`InlineExecutor` makes the runner
+apply each batch on the polling thread, so a test can step it turn by turn.
+Each has knobs that make it fail the way the
 real one does (see their docstrings), and one contract suite
 (``tests/contract``) checks that they behave like the real implementations.
 
@@ -25,6 +27,7 @@ from kinbox.lazy import exports as _exports
 
 if TYPE_CHECKING:
     from kinbox.testing.client import InboxTestClient
+    from kinbox.testing.executor import InlineExecutor
     from kinbox.testing.messages import Message
     from kinbox.testing.publisher import FakePublisher
     from kinbox.testing.redelivery import assert_redelivery_safe
@@ -44,6 +47,7 @@ __all__ = [
     "FakeTransaction",
     "FakeTransport",
     "InboxTestClient",
+    "InlineExecutor",
     "Message",
     "RedeliveryReport",
     "RedeliveryUnsafe",
@@ -64,6 +68,7 @@ _SOURCES = {
     "FakeTransaction": "kinbox.testing.store",
     "FakeTransport": "kinbox.testing.transport",
     "InboxTestClient": "kinbox.testing.client",
+    "InlineExecutor": "kinbox.testing.executor",
     "Message": "kinbox.testing.messages",
     "RedeliveryReport": "kinbox.testing.report",
     "RedeliveryUnsafe": "kinbox.testing.report",

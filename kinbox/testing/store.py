@@ -12,6 +12,7 @@ suite (``tests/contract``) runs the same tests over it and the real store.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
@@ -157,6 +158,17 @@ class FakeTransaction(AwaitsAlone):
         if self.connection.aborted:
             raise left_aborted()
 
+    @contextmanager
+    def pipelined(self) -> Iterator[Callable[[], bool]]:
+        """See :meth:`~kinbox.store.base.InboxTransaction.pipelined`.
+
+        Statements here run at once, so errors are raised where they happen;
+        :attr:`FakeStore.pipelined` counts the blocks.
+        """
+        self._store.pipelined += 1
+        with self.unguarded():
+            yield lambda: not self.connection.aborted
+
     def outage(self, exc: BaseException) -> StoreError | None:
         """See :meth:`~kinbox.store.base.InboxTransaction.outage` (the real store's rule)."""
         return transient_cause(exc)
@@ -177,7 +189,7 @@ class FakeStore:
     ``processed_events`` rows), :attr:`claimed`, :attr:`effects` (what
     handlers appended to ``tx.effects``, committed ones only once the
     transaction is over), and counters (:attr:`transactions`, :attr:`commits`,
-    :attr:`savepoints`, :attr:`claims`, :attr:`refused_commits`).
+    :attr:`savepoints`, :attr:`pipelined`, :attr:`claims`, :attr:`refused_commits`).
 
     Knobs, to fail the way PostgreSQL does:
 
@@ -197,6 +209,10 @@ class FakeStore:
     Like PostgreSQL through psycopg, a transaction left aborted (a handler
     swallowed a refused statement, see :meth:`FakeConn.fail`) "commits" by
     rolling back, without an error.
+
+    Transactions opened from several threads (the runner applies partitions
+    side by side) run one at a time: a second one waits for the first to end,
+    as if the store had one connection.
     """
 
     def __init__(self) -> None:
@@ -212,6 +228,8 @@ class FakeStore:
         """Transactions committed."""
         self.savepoints = 0
         """Savepoints opened."""
+        self.pipelined = 0
+        """Pipelined blocks run (an optimistic pass of a per-event handler)."""
         self.fail_claims = 0
         self.lose_after_commit = 0
         self.closed = False
@@ -224,6 +242,7 @@ class FakeStore:
         """COMMITs (or deferred checks) refused by ``refuse_commit``."""
         self.transactions = 0
         """Transactions opened."""
+        self._one_at_a_time = threading.RLock()
 
     def check_deferred(self, mark: int) -> None:
         """Run ``refuse_commit`` on the effects written since ``mark``.
@@ -238,6 +257,10 @@ class FakeStore:
     @contextmanager
     def transaction(self) -> Iterator[FakeTransaction]:
         """See :meth:`~kinbox.store.base.InboxStore.transaction`; the knobs apply."""
+        with self._one_at_a_time:
+            yield from self._transaction()
+
+    def _transaction(self) -> Iterator[FakeTransaction]:
         self.transactions += 1
         saved = dict(self.claimed), dict(self.status), dict(self.reasons), len(self.effects)
         tx = FakeTransaction(self, saved[3])

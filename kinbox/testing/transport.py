@@ -31,7 +31,9 @@ class FakeTransport:
     Knob: ``commit_errors``, a list of :class:`~kinbox.errors.TransportError`;
     each commit pops the first one and raises it instead of committing (a
     ``retriable=False`` one is the broker refusing a commit after the group
-    moved on).
+    moved on). An asynchronous commit lands at once (or fails with the popped
+    error) and the listener hears its outcome in the next :meth:`poll`, as
+    from a real broker.
 
     As a real consumer does, the first :meth:`poll` after :meth:`subscribe`
     assigns (``on_assigned``, from inside the poll) every partition the
@@ -55,6 +57,7 @@ class FakeTransport:
         self.listener: RebalanceListener | None = None
         """The listener given to :meth:`subscribe`."""
         self._joining: list[Partition] = []  # assigned by the next poll
+        self._answers: list[tuple[dict[Partition, int], TransportError | None]] = []
         self._sought: set[Partition] = set()  # no position until a poll hands a record over
         self.closed = False
 
@@ -97,6 +100,10 @@ class FakeTransport:
             joining = [tp for tp in joining if tp not in self.assigned]
             if joining:
                 self.assign(joining)
+        answers, self._answers = self._answers, []
+        for offsets, error in answers:
+            if self.listener is not None:
+                self.listener.on_committed(offsets, error)
         out: list[Record] = []
         for tp in sorted(self.assigned - self.paused):
             log = self.logs.get(tp, [])
@@ -106,12 +113,16 @@ class FakeTransport:
                 self._sought.discard(tp)
         return out
 
-    def commit(self, offsets: Mapping[Partition, int]) -> None:
+    def commit(self, offsets: Mapping[Partition, int], *, asynchronous: bool = False) -> None:
         """See :meth:`~kinbox.kafka.base.Transport.commit`; ``commit_errors`` apply."""
         self.commit_calls.append(dict(offsets))
-        if self.commit_errors:
-            raise self.commit_errors.pop(0)
-        self.committed.update(offsets)
+        error = self.commit_errors.pop(0) if self.commit_errors else None
+        if error is None:
+            self.committed.update(offsets)
+        if asynchronous:
+            self._answers.append((dict(offsets), error))
+        elif error is not None:
+            raise error
 
     def pause(self, partitions: Sequence[Partition]) -> None:
         """See :meth:`~kinbox.kafka.base.Transport.pause`."""

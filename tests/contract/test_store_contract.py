@@ -48,6 +48,27 @@ def test_within_one_claim_the_first_occurrence_of_an_id_wins(inbox: StoreSide) -
     assert inbox.row("a") == Row("applied", None, 0)
 
 
+AWKWARD_IDS = ['a"b', "c\\d", '\\"', "{x}", "NULL", " sp ", "a,b", "é-ü", "'", "}{", '""']
+
+
+def test_a_claim_keeps_every_id_exactly_whatever_characters_it_holds(inbox: StoreSide) -> None:
+    # Quotes, backslashes, braces, commas, spaces, NULL: what an array literal must escape
+    events = [ev(event_id, offset) for offset, event_id in enumerate(AWKWARD_IDS)]
+    assert claim(inbox.store, *events) == [(e.id, e.offset) for e in events]
+    assert [inbox.row(i) for i in AWKWARD_IDS] == [
+        Row("applied", None, o) for o in range(len(AWKWARD_IDS))
+    ]
+    assert claim(inbox.store, *events) == []  # each found again under its own id
+
+
+def test_a_claim_of_several_partitions_keeps_their_order_and_places(inbox: StoreSide) -> None:
+    places = [(T, 1, 5), (T, 0, 9), ("other", 0, 7), (T, 1, 6)]
+    mixed = [Event(id=f"{t}/{p}/{o}", topic=t, partition=p, offset=o, key=None, value=b"")
+             for t, p, o in places]  # fmt: skip
+    assert claim(inbox.store, *mixed) == [(e.id, e.offset) for e in mixed]
+    assert [inbox.row(e.id) for e in mixed] == [Row("applied", None, o) for _, _, o in places]
+
+
 def test_an_id_claimed_by_an_earlier_transaction_is_not_fresh(inbox: StoreSide) -> None:
     claim(inbox.store, ev("a", 0))
     assert claim(inbox.store, ev("a", 7), ev("b", 8)) == [("b", 8)]

@@ -5,14 +5,16 @@ topic's partitions through the listener, a poll hands each partition's
 records over in offset order, a commit is what the group reads back, pause
 holds one partition while the others flow, seek rewinds, the position
 follows both, and close revokes.
+An asynchronous commit returns at once and its answer comes through a later poll.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from kinbox.consume.envelope import Record
+from kinbox.errors import TransportError
 from kinbox.kafka.base import Partition, Transport
 from tests.contract.kafka_sides import TransportSide
 
@@ -22,6 +24,7 @@ class Heard:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, list[Partition]]] = []
+        self.answers: list[tuple[dict[Partition, int], TransportError | None]] = []
 
     def on_assigned(self, partitions: list[Partition]) -> None:
         self.calls.append(("assigned", sorted(partitions)))
@@ -31,6 +34,9 @@ class Heard:
 
     def on_lost(self, partitions: list[Partition]) -> None:
         self.calls.append(("lost", sorted(partitions)))
+
+    def on_committed(self, offsets: Mapping[Partition, int], error: TransportError | None) -> None:
+        self.answers.append((dict(offsets), error))
 
     def owned(self) -> set[Partition]:
         """What the member owns now, by the callbacks so far."""
@@ -112,6 +118,27 @@ def test_a_commit_is_what_the_group_reads_back(consumer: TransportSide) -> None:
     assert consumer.committed(topic, 2) == {0: 4, 1: 1}
     transport.commit({(topic, 1): 2})
     assert consumer.committed(topic, 2) == {0: 4, 1: 2}
+
+
+def test_an_asynchronous_commit_is_answered_by_a_later_poll_and_read_back(
+    consumer: TransportSide,
+) -> None:
+    topic = consumer.topic(2)
+    consumer.produce(topic, 0, [b"a0", b"a1", b"a2"])
+    consumer.produce(topic, 1, [b"b0"])
+    transport, heard = consumer.transport(), Heard()
+    transport.subscribe([topic], heard)
+    poll_until(transport, lambda got: len(got) >= 4, "four records")
+    # When offsets are committed asynchronously, twice, the later one higher
+    transport.commit({(topic, 0): 2, (topic, 1): 1}, asynchronous=True)
+    transport.commit({(topic, 0): 3}, asynchronous=True)
+    # Then polls bring the answers, in order, and the group reads the later one back
+    deadline = time.monotonic() + 30
+    while len(heard.answers) < 2:
+        assert time.monotonic() < deadline, f"answers: {heard.answers}"
+        assert transport.poll(100, 0.2) == []
+    assert heard.answers == [({(topic, 0): 2, (topic, 1): 1}, None), ({(topic, 0): 3}, None)]
+    assert consumer.committed(topic, 2) == {0: 3, 1: 1}
 
 
 def test_pause_holds_a_partition_while_the_others_flow_and_resume_releases_it(

@@ -74,7 +74,9 @@ def test_pg_terminate_backend_mid_transaction(run: Run, postgres: PostgresServer
     run.produce()
     kills = run.rng.randint(2, 4)
     with run.sampling():
-        worker = run.factory.start("victim", env={"FAULT_SLEEP": "0.01"})
+        # 20 ms an event: with partitions applied side by side, the stream
+        # must still outlast the kills
+        worker = run.factory.start("victim", env={"FAULT_SLEEP": "0.02"})
         terminated = 0
         deadline = time.monotonic() + 60
         # Kill the worker's backend inside its open transaction, several times.

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import re
 
-import psycopg
-from psycopg import sql
-
 from tests.support.fault_run import Run
+from tests.support.invariants import effects_by_pid
 from tests.support.scenario import scenario
 from tests.support.workers import Worker, read_deliveries
 
@@ -27,16 +25,6 @@ PROTOCOLS: dict[str, dict[str, str | None]] = {
 HOLD = r"still running after [\d.]+s: pausing"
 MAX_POLL = 6.0
 """max.poll.interval (and session timeout) of scenario 8's worker, in seconds."""
-
-
-def _effects_by_pid(run: Run) -> dict[int, int]:
-    with psycopg.connect(run.database_url, autocommit=True) as conn:
-        rows = conn.execute(
-            sql.SQL("SELECT pid, count(*) FROM {}.effects GROUP BY pid").format(
-                sql.Identifier(run.schema)
-            )
-        ).fetchall()
-    return {int(pid): int(n) for pid, n in rows}
 
 
 def _holds_ended(run: Run) -> int:
@@ -90,7 +78,7 @@ def test_member_joins_while_a_batch_is_in_flight(run: Run, protocol: str, handle
         run.wait_caught_up(first, joiner, timeout=20)
         assert first.stop() == 0, first.log_tail()
         assert joiner.stop() == 0, joiner.log_tail()
-    shares = _effects_by_pid(run)
+    shares = effects_by_pid(run.database_url, run.schema)
     assert shares.get(joiner.pid, 0) > 0, f"the joiner applied nothing: {shares}"
     assert shares.get(first.pid, 0) > 0, f"the slow member applied nothing: {shares}"
     # A revoke that outlived the batch would drop its offsets: say so if it happened.

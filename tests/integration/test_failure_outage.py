@@ -51,12 +51,13 @@ def test_database_outage_mid_stream_applies_every_event_once(
     stack: Stack, make_topic: MakeTopic, postgres: PostgresServer, fault: str
 ) -> None:
     # Given a worker applying events slowly enough for the fault to land mid-batch
+    # (20 ms an event: its two partitions are applied side by side)
     topic = make_topic(partitions=2)
     schema = f"kb_{uuid.uuid4().hex[:12]}"
     group = f"g-{uuid.uuid4().hex[:8]}"
     prepare_schema(postgres.url, schema)
     produced = produce(stack.bootstrap_servers, topic, [(f"e{i}", i % 2) for i in range(N)])
-    app = effect_app(topic, schema, group, lambda _e: time.sleep(0.01), max_attempts=1)
+    app = effect_app(topic, schema, group, lambda _e: time.sleep(0.02), max_attempts=1)
     config = settings(stack.bootstrap_servers, postgres.url, group, schema, batch_max_messages=20)
     ends = {p: sum(1 for (q, _o) in produced if q == p) for p in (0, 1)}
 

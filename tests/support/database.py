@@ -42,13 +42,14 @@ def terminate_open_transactions(database_url: str) -> int:
     """``pg_terminate_backend`` every other session inside an open transaction; return how many.
 
     A worker whose handler sleeps inside its transaction shows ``idle in
-    transaction``; the tests' own connections are autocommit and never do.
+    transaction``, or ``active`` while its handlers' pipelined statements
+    run; the tests' own connections are autocommit and never do.
     """
     with psycopg.connect(database_url, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            " AND state = 'idle in transaction'"
+            " AND state IN ('idle in transaction', 'active') AND xact_start IS NOT NULL"
         ).fetchall()
     return sum(1 for (ok,) in rows if ok)
 

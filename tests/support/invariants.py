@@ -32,6 +32,17 @@ def effect_counts(database_url: str, schema: str, table: str = "effects") -> Cou
     return Counter({r[0]: int(r[1]) for r in rows})
 
 
+def effects_by_pid(database_url: str, schema: str, table: str = "effects") -> dict[int, int]:
+    """How many effect rows each worker process (by pid) wrote."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT pid, count(*) FROM {}.{} GROUP BY pid").format(
+                sql.Identifier(schema), sql.Identifier(table)
+            )
+        ).fetchall()
+    return {int(pid): int(n) for pid, n in rows}
+
+
 def processed(database_url: str, schema: str, group: str) -> dict[str, str]:
     """``processed_events`` of ``group``: event id -> status."""
     with psycopg.connect(database_url, autocommit=True) as conn:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from typing import Any
 
 import pytest
@@ -17,7 +19,7 @@ from kinbox.consume.runner import Runner
 from kinbox.errors import ConfigurationError, DeadLetter, StoreError
 from kinbox.event import Event
 from kinbox.kafka.base import Partition
-from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit
 
@@ -230,7 +232,9 @@ def runner_with(
     config = Settings(
         database_url="postgresql:///x", group_id="g", retry_initial=0.1, retry_max=0.1, **settings
     ).validate()
-    runner = Runner(app, config, transport, store, clock=clock, publisher=publisher)
+    runner = Runner(
+        app, config, transport, store, clock=clock, publisher=publisher, executor=InlineExecutor()
+    )
     transport.subscribe(app.topics, runner)
     return runner, store, publisher, clock
 
@@ -294,3 +298,73 @@ def test_deliberate_dead_letters_never_open_it() -> None:
     turns(runner, clock, 2)
     assert len(publisher.acked) == 11
     assert transport.committed == {P0: 21}
+
+
+class Held(Executor):
+    """Holds each job until :meth:`release` (or runs it at once once ``inline``)."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Callable[[], Any], Future[Any]]] = []
+        self.submitted = 0
+        self.inline = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        self.submitted += 1
+        future: Future[Any] = Future()
+        self.jobs.append((lambda: fn(*args, **kwargs), future))
+        if self.inline:
+            self.release()
+        return future
+
+    def release(self) -> None:
+        jobs, self.jobs = self.jobs, []
+        for job, future in jobs:
+            future.set_result(job())
+
+
+def test_records_waiting_in_a_lane_when_it_opens_are_put_back_not_tried() -> None:
+    # Given two partitions whose first batches are in flight while more of
+    # their records wait in the lanes, and a handler that fails for every event
+    transport = FakeTransport({P0: [], P1: []})
+    for offset in range(12):
+        for p in (0, 1):
+            transport.append(record(T, p, offset, f"e{p}-{offset}"))
+    broken, applied = [True], list[str]()
+    app = App(group_id="g")
+
+    @app.handler(T, max_attempts=1)
+    def apply(event: Event, tx: Any) -> None:
+        if broken[0]:
+            raise RuntimeError("bad deploy: every event fails")
+        tx.effects.append(event.id)
+        applied.append(event.id)
+
+    store, publisher, clock, executor = FakeStore(), FakePublisher(), Clock(), Held()
+    config = Settings(
+        database_url="postgresql:///x", group_id="g", breaker_failures=1, breaker_pause=30,
+        batch_max_messages=2, retry_initial=0.1, retry_max=0.1,
+    ).validate()  # fmt: skip
+    runner = Runner(
+        app, config, transport, store, clock=clock, publisher=publisher, executor=executor
+    )
+    transport.subscribe(app.topics, runner)
+    for _ in range(10):
+        runner.turn()
+    assert executor.submitted == 2
+    assert runner._lanes.waiting(P0) > 0 and runner._lanes.waiting(P1) > 0
+    # When the batches end, their first events dead-lettered: the breaker opens
+    executor.release()
+    turns(runner, clock, 20)
+    assert state(runner._breaker) is State.OPEN
+    # Then nothing that waited in a lane was started meanwhile; it was put back
+    assert executor.submitted == 2
+    assert transport.paused == {P0, P1}
+    # And once the handler works again every event ends applied or
+    # dead-lettered exactly once, the offsets at the end
+    broken[0] = False
+    executor.inline = True
+    turns(runner, clock, 60)
+    dead = {i for i, s in store.status.items() if s == "dead_lettered"}
+    assert sorted(applied + sorted(dead)) == sorted(f"e{p}-{o}" for p in (0, 1) for o in range(12))
+    assert len(applied) == len(set(applied))
+    assert transport.committed == {P0: 12, P1: 12}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -18,7 +20,8 @@ from kinbox.consume.envelope import Record, event_id
 from kinbox.consume.runner import Runner
 from kinbox.errors import DeadLetter, EnvelopeError, Retry, TransportError
 from kinbox.event import Event
-from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
+from kinbox.middleware.base import Middleware
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit
 
@@ -34,15 +37,18 @@ class Clock:
 
 
 class Harness:
-    def __init__(self, app: App, **settings: Any) -> None:
+    """A runner over fakes; its batches run inside each turn unless ``threads``."""
+
+    def __init__(self, app: App, *, threads: bool = False, **settings: Any) -> None:
         self.transport = FakeTransport()
         self.store = FakeStore()
         self.publisher = FakePublisher()
         self.clock = Clock()
         config = Settings(database_url="postgresql:///x", group_id="g", **settings).validate()
         self.runner = Runner(
-            app, config, self.transport, self.store, clock=self.clock, publisher=self.publisher
-        )
+            app, config, self.transport, self.store, clock=self.clock, publisher=self.publisher,
+            executor=None if threads else InlineExecutor(),
+        )  # fmt: skip
         self.subscribed = False
 
     def add(self, *records: Any) -> None:
@@ -384,78 +390,114 @@ def test_arbitrary_id_headers_never_crash_the_loop_and_nothing_is_lost(
     assert h.committed == len(headers)
 
 
+class Slow(Middleware):
+    """Holds a batch whose first record is ``slow*`` before its transaction, until released.
+
+    Outside the transaction, so the fake store (one transaction at a time) lets
+    the other partitions' batches through meanwhile, as PostgreSQL would.
+    """
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.holding = threading.Event()
+
+    def before_batch(self, topic: str, partition: int, records: Sequence[Record]) -> None:
+        if records[0].value == b"slow":
+            self.holding.set()
+            assert self.release.wait(10), "the polling thread stopped polling"
+
+
 class SlowHarness(Harness):
-    """The handler of ``slow`` ids blocks until the polling thread has polled ``polls`` times."""
+    """Batches on worker threads; a ``slow`` batch waits until the loop polled ``polls`` times."""
 
     def __init__(self, polls: int, on_poll: Any = None) -> None:
         self.polls = 0
-        self.during: list[set[Any]] = []
-        release = threading.Event()
+        self.slow = Slow()
+        app = App(group_id="g", middleware=[self.slow])
 
-        def slow(event: Event) -> None:
-            if event.id.startswith("slow"):
-                assert release.wait(10), "the polling thread stopped polling"
+        @app.handler(T)
+        def apply(event: Event, tx: Any) -> None:
+            tx.effects.append(event.id)
 
-        super().__init__(effect_app(slow), shutdown_timeout=10)
+        super().__init__(app, threads=True, shutdown_timeout=10)
         real_poll = self.transport.poll
 
         def poll(max_messages: int, timeout: float) -> list[Record]:
             self.polls += 1
-            self.during.append(set(self.transport.paused))
             if self.polls >= polls:
-                release.set()
+                self.slow.release.set()
             if on_poll is not None:
                 on_poll(self)
             return real_poll(max_messages, timeout)
 
         self.transport.poll = poll  # type: ignore[method-assign]
 
+    def run_until_idle(self, timeout: float = 10.0) -> None:
+        """Turn until no batch is in flight and nothing is waiting (at least one turn)."""
+        deadline = time.monotonic() + timeout
+        self.run()
+        while len(self.runner._inflight) or any(True for _ in self.runner._lanes.ready()):
+            assert time.monotonic() < deadline, "the batches never ended"
+            self.run(advance=0)
 
-@pytest.fixture
-def quick_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("kinbox.consume.inflight.HOLD_AFTER", 0.05)
+
+def slow(topic: str, partition: int, offset: int, event_id: str) -> Record:
+    return record(topic, partition, offset, event_id, value=b"slow")
 
 
-@pytest.mark.usefixtures("quick_hold")
-def test_slow_batch_runs_while_the_loop_keeps_polling_with_partitions_paused() -> None:
-    h = SlowHarness(polls=6)
-    h.add(record(T, 0, 0, "slow-1"), record(T, 0, 1, "b"), record(T, 1, 0, "c"))
-    h.run()
-    assert h.polls >= 6  # polled while the handler ran: the member stays in the group
-    assert all(paused == {(T, 0), (T, 1)} for paused in h.during[1:])
-    assert h.transport.paused == set()  # resumed afterwards
-    assert h.store.effects == ["slow-1", "b", "c"]
+def test_a_slow_batch_holds_only_its_partition_and_the_loop_keeps_polling() -> None:
+    # Given a batch on partition 0 that takes a long time, and a record on partition 1
+    h = SlowHarness(polls=8)
+    h.add(slow(T, 0, 0, "slow-1"), record(T, 0, 1, "b"), record(T, 1, 0, "c"))
+    seen: list[tuple[int, list[str], dict[Any, int]]] = []
+
+    def watch(harness: SlowHarness) -> None:
+        seen.append((harness.polls, list(harness.store.effects), dict(harness.transport.committed)))
+
+    h.run()  # both batches start
+    while h.polls < 7:
+        h.run(advance=0)
+        watch(h)
+    # Then the loop polled on while it ran (the member stays in the group), and
+    # partition 1 was applied and committed meanwhile, before the slow batch ended
+    assert any(effects == ["c"] and committed == {(T, 1): 1} for _, effects, committed in seen)
+    h.run_until_idle()
+    assert sorted(h.store.effects) == ["b", "c", "slow-1"]
     assert h.transport.committed == {(T, 0): 2, (T, 1): 1}
+    assert h.transport.paused == set()
 
 
-@pytest.mark.usefixtures("quick_hold")
 def test_revoke_during_a_slow_batch_waits_for_it_and_commits_its_offsets() -> None:
     def revoke_on_third_poll(h: SlowHarness) -> None:
         if h.polls == 3:
             h.transport.revoke([(T, 0)])
 
     h = SlowHarness(polls=3, on_poll=revoke_on_third_poll)
-    h.add(record(T, 0, 0, "slow-1"), record(T, 0, 1, "b"))
-    h.run()
+    h.add(slow(T, 0, 0, "slow-1"), record(T, 0, 1, "b"))
+    h.run_until_idle()
     # Then the revoke waited for the batch and committed its offsets before letting go
+    assert h.polls >= 3
     assert h.transport.committed == {(T, 0): 2}
     assert h.store.effects == ["slow-1", "b"]
     assert (T, 0) not in h.transport.assigned
     calls = len(h.transport.commit_calls)
-    h.run()
+    h.run_until_idle()
     assert len(h.transport.commit_calls) == calls  # nothing committed for it afterwards
 
 
-@pytest.mark.usefixtures("quick_hold")
-def test_partition_assigned_during_a_slow_batch_is_rewound_not_dropped() -> None:
+def test_partition_assigned_during_a_slow_batch_is_applied_meanwhile() -> None:
     def assign_on_second_poll(h: SlowHarness) -> None:
         if h.polls == 2:
             h.transport.append(record(T, 1, 0, "late-1"))
             h.transport.append(record(T, 1, 1, "late-2"))
             h.transport.assign([(T, 1)])
 
-    h = SlowHarness(polls=4, on_poll=assign_on_second_poll)
-    h.add(record(T, 0, 0, "slow-1"))
-    h.run(turns=3)
+    h = SlowHarness(polls=6, on_poll=assign_on_second_poll)
+    h.add(slow(T, 0, 0, "slow-1"))
+    while h.polls < 5:
+        h.run(advance=0)
+    # The new partition's records went by the slow batch
+    assert h.store.effects == ["late-1", "late-2"] and h.transport.committed == {(T, 1): 2}
+    h.run_until_idle()
     assert sorted(h.store.effects) == ["late-1", "late-2", "slow-1"]
     assert h.transport.committed == {(T, 0): 1, (T, 1): 2}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 
 from kinbox.app import App
@@ -11,7 +12,7 @@ from kinbox.config import Settings
 from kinbox.consume.runner import Runner
 from kinbox.errors import DeadLetter
 from kinbox.event import Event
-from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +35,7 @@ class Harness:
         self.now = 0.0
         self.runner = Runner(
             app, config, self.transport, self.store, clock=lambda: self.now,
-            publisher=self.publisher,
+            publisher=self.publisher, executor=InlineExecutor(),
         )  # fmt: skip
 
     def run(self, ids: list[str], turns: int = 1) -> None:
@@ -109,3 +110,38 @@ def test_a_retry_after_a_verdict_keeps_the_verdict() -> None:
     assert h.dead() == ["bad"] and len(h.publisher.acked) == 1
     assert [c for c in h.calls if c[0] == "bad"] == [("bad", 1)]
     assert h.transport.committed == {(T, 0): 5}
+
+
+def test_a_clean_batch_runs_its_handlers_in_one_pipelined_block() -> None:
+    h = Harness(never)
+    h.run(["a", "b", "c"])
+    assert h.store.pipelined == 1 and h.calls == [("a", 1), ("b", 1), ("c", 1)]
+
+
+def test_a_refused_statement_under_the_pipeline_is_redone_without_it_and_blamed_on_its_event() -> (
+    None
+):
+    # Given a statement the database refuses in the second event's handler (the
+    # transaction is left aborted, as PostgreSQL leaves it), on its first try
+    h = Harness(never)
+    calls: list[str] = []
+    app = App(group_id="g")
+
+    @app.handler(T)
+    def refused(event: Event, tx: Any) -> None:
+        calls.append(event.id)
+        if event.id == "bad":
+            tx.fail(psycopg.errors.CheckViolation("amount out of range"))
+        tx.effects.append(event.id)
+
+    h.runner = Runner(
+        app, Settings(database_url="postgresql:///x", group_id="g").validate(), h.transport,
+        h.store, publisher=h.publisher, executor=InlineExecutor(),
+    )  # fmt: skip
+    h.run(["a", "bad", "c"])
+    # Then the pipelined pass gave up without blaming anyone, the plain pass blamed
+    # the right event (one try counted), and the event before it is applied once
+    assert h.store.pipelined == 1
+    assert calls == ["a", "bad", "a", "bad", "a"]
+    assert h.store.effects == ["a"] and h.transport.committed == {(T, 0): 1}
+    assert h.dead() == []

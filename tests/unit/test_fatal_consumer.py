@@ -16,7 +16,7 @@ from kinbox.consume.runner import Runner
 from kinbox.errors import FatalTransportError
 from kinbox.event import Event
 from kinbox.kafka.base import Partition
-from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit
 
@@ -65,17 +65,22 @@ class BreakingTransport(FakeTransport):
             return []
         return super().poll(max_messages, timeout)
 
-    def commit(self, offsets: Mapping[Partition, int]) -> None:
+    def commit(self, offsets: Mapping[Partition, int], *, asynchronous: bool = False) -> None:
         if self.broken:
             self.commit_calls.append(dict(offsets))
             raise FatalTransportError("committing: Commit failed: Local: Fatal error (_FATAL)")
-        super().commit(offsets)
+        super().commit(offsets, asynchronous=asynchronous)
 
 
-def runner_for(transport: FakeTransport, app: App, **settings: Any) -> tuple[Runner, FakeStore]:
+def runner_for(
+    transport: FakeTransport, app: App, *, threads: bool = False, **settings: Any
+) -> tuple[Runner, FakeStore]:
+    """A runner over fakes; its batches run inside turn() unless ``threads``."""
     store = FakeStore()
     config = Settings(database_url="postgresql:///x", group_id="g", **settings).validate()
-    return Runner(app, config, transport, store, publisher=FakePublisher()), store
+    executor = None if threads else InlineExecutor()
+    runner = Runner(app, config, transport, store, publisher=FakePublisher(), executor=executor)
+    return runner, store
 
 
 def test_a_fatal_poll_ends_the_run_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
@@ -133,6 +138,7 @@ def test_revoke_waits_half_the_consumers_own_poll_interval() -> None:
     runner, _ = runner_for(
         transport,
         app_of(slow),
+        threads=True,
         session_timeout=1,
         shutdown_timeout=30,
         kafka_overrides={"max.poll.interval.ms": "2000"},
@@ -143,7 +149,7 @@ def test_revoke_waits_half_the_consumers_own_poll_interval() -> None:
 
     def poll(max_messages: int, timeout: float) -> list[Record]:
         polls.append(1)
-        if len(polls) == 2:  # the first keep-alive poll: the batch is in flight
+        if len(polls) == 2:  # the next turn's poll: the batch is in flight
             # When the partition is revoked while the batch holds it
             transport.revoke([(T, 0)])
             still_running.append(not done.is_set())
@@ -152,7 +158,8 @@ def test_revoke_waits_half_the_consumers_own_poll_interval() -> None:
 
     transport.poll = poll  # type: ignore[method-assign]
     transport.subscribe([T], runner)
-    runner.turn()
+    runner.turn()  # the batch starts on its thread
+    runner.turn()  # the loop polls on while it runs
     # Then the revoke gave up after 1 s (half of 2 s), while the batch still ran:
     # with the setting's 300 s it would have waited for the batch to end
     assert still_running == [True]

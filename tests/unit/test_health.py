@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 
 import pytest
 
+from kinbox.errors import TransportError
 from kinbox.kafka.base import Partition
 from kinbox.ops.health import Health, HealthServer, ObservedTransport
 from kinbox.testing import FakeTransport
@@ -89,6 +91,9 @@ class Listener:
 
     def on_lost(self, partitions: list[Partition]) -> None:
         self.calls.append(("lost", partitions))
+
+    def on_committed(self, offsets: Mapping[Partition, int], error: TransportError | None) -> None:
+        self.calls.append(("committed", list(offsets)))
 
 
 def test_the_observed_transport_counts_polls_and_held_partitions() -> None:

@@ -19,7 +19,7 @@ from kinbox.errors import ConfigurationError, DeadLetter
 from kinbox.event import Event
 from kinbox.middleware.base import Middleware
 from kinbox.middleware.telemetry import Telemetry
-from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 from tests.support import metrics
 
 pytestmark = pytest.mark.unit
@@ -59,7 +59,9 @@ def run_app(app: App, *records: Record, turns: int = 1) -> tuple[FakeTransport, 
     for r in records:
         transport.append(r)
     config = Settings(database_url="postgresql:///x", group_id="g").validate()
-    runner = Runner(app, config, transport, store, publisher=FakePublisher())
+    runner = Runner(
+        app, config, transport, store, publisher=FakePublisher(), executor=InlineExecutor()
+    )
     transport.subscribe([T], runner)
     for _ in range(turns):
         runner.turn()
@@ -127,7 +129,7 @@ def test_dead_letters_of_a_rolled_back_transaction_are_not_reported() -> None:
     publisher = FakePublisher()
     publisher.fail_flushes = 1
     config = Settings(database_url="postgresql:///x", group_id="g").validate()
-    runner = Runner(app, config, transport, store, publisher=publisher)
+    runner = Runner(app, config, transport, store, publisher=publisher, executor=InlineExecutor())
     transport.subscribe([T], runner)
     runner.turn()
     assert calls == [f"m.before {T}[0] 1", "m.after 0 None"]
@@ -171,7 +173,10 @@ def test_telemetry_counts_each_undelivered_dead_letter_with_its_topic() -> None:
     publisher.fail_flushes = 2
     now = [0.0]
     config = Settings(database_url="postgresql:///x", group_id="g").validate()
-    runner = Runner(app, config, transport, store, publisher=publisher, clock=lambda: now[0])
+    runner = Runner(
+        app, config, transport, store, publisher=publisher, clock=lambda: now[0],
+        executor=InlineExecutor(),
+    )  # fmt: skip
     transport.subscribe([topic], runner)
     # When the worker tries three times (each retry after its backoff)
     for _ in range(3):

@@ -23,7 +23,7 @@ from kinbox.errors import FatalTransportError
 from kinbox.event import Event
 from kinbox.middleware.base import Middleware, WorkerInfo
 from kinbox.middleware.telemetry import Telemetry
-from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit
 
@@ -203,7 +203,10 @@ def test_a_handlers_exception_reaches_the_failure_policy_unchanged_through_the_w
     for r in (record(T, 0, 0, "x"), record(T, 0, 1, "bad")):
         transport.append(r)
     policy = Recording()
-    runner = Runner(app, CONFIG, transport, store, policy=policy, publisher=FakePublisher())
+    runner = Runner(
+        app, CONFIG, transport, store, policy=policy, publisher=FakePublisher(),
+        executor=InlineExecutor(),
+    )  # fmt: skip
     transport.subscribe([T], runner)
     runner.turn()
     [failure] = policy.failures

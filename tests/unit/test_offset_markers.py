@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -10,8 +11,9 @@ from kinbox.app import App
 from kinbox.config import Settings
 from kinbox.consume.offsets import Offsets
 from kinbox.consume.runner import Runner
+from kinbox.errors import TransportError
 from kinbox.event import Event
-from kinbox.testing import FakeStore, FakeTransport, record
+from kinbox.testing import FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +35,7 @@ def test_an_idle_partition_commits_the_position_past_a_marker() -> None:
         tx.effects.append(event.id)
 
     config = Settings(database_url="postgresql:///x", group_id="g").validate()
-    runner = Runner(app, config, transport, FakeStore())
+    runner = Runner(app, config, transport, FakeStore(), executor=InlineExecutor())
     transport.subscribe(app.topics, runner)
     runner.turn()
     assert transport.committed == {P0: 3}
@@ -79,4 +81,9 @@ class Heard:
         pass
 
     def on_lost(self, partitions: list[tuple[str, int]]) -> None:
+        pass
+
+    def on_committed(
+        self, offsets: Mapping[tuple[str, int], int], error: TransportError | None
+    ) -> None:
         pass

@@ -9,7 +9,7 @@ from kinbox.config import Settings
 from kinbox.consume.runner import Runner
 from kinbox.errors import Retry, TransportError
 from kinbox.event import Event
-from kinbox.testing import FakeStore, FakeTransport, record
+from kinbox.testing import FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ def make(
     store = store or FakeStore()
     clock = Clock()
     config = Settings(database_url="postgresql:///x", group_id="g", **settings).validate()
-    runner = Runner(app, config, transport, store, clock=clock)
+    runner = Runner(app, config, transport, store, clock=clock, executor=InlineExecutor())
     transport.subscribe(app.topics, runner)
     return runner, store, clock
 

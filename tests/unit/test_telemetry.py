@@ -24,7 +24,7 @@ from kinbox.errors import ConfigurationError, DeadLetter
 from kinbox.event import Event
 from kinbox.middleware.telemetry import Telemetry
 from kinbox.otel.instruments import metrics_on, tracing_on
-from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
+from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit
 
@@ -88,7 +88,10 @@ def run(
     for item in records:
         transport.append(item)
     config = settings or Settings(database_url="postgresql:///x", group_id="g").validate()
-    runner = Runner(app, config, transport, store, publisher=FakePublisher(), lag=lag)
+    runner = Runner(
+        app, config, transport, store, publisher=FakePublisher(), lag=lag,
+        executor=InlineExecutor(),
+    )  # fmt: skip
     real_poll = transport.poll
 
     def poll_once(max_messages: int, timeout: float) -> list[Record]:
