@@ -102,12 +102,15 @@ def test_broker_sigkill_and_restart(run: Run, broker: ProxiedBroker) -> None:
 def test_broker_paused_longer_than_the_session_timeout(run: Run, broker: ProxiedBroker) -> None:
     produced = run.produce()
     with run.sampling():
-        worker = run.factory.start("victim", env={"FAULT_SLEEP": "0.005"})
-        run.wait_handler_calls(run.rng.randint(20, len(produced.records) // 2))
+        # (20 ms an event: the partitions are applied side by side, and at
+        # 5 ms the whole stream was done before the pause took hold)
+        worker = run.factory.start("victim", env={"FAULT_SLEEP": "0.02"})
+        run.wait_handler_calls(run.rng.randint(20, len(produced.records) // 3))
         # When the broker freezes (connections open, nothing answers) past
         # the session timeout, then thaws
         broker.pause()
         try:
+            assert run.handler_calls() < len(produced.ids), "the stream ended first"
             time.sleep(SESSION_TIMEOUT + run.rng.uniform(1.0, 3.0))
         finally:
             broker.resume()
@@ -122,7 +125,7 @@ def test_broker_paused_longer_than_the_session_timeout(run: Run, broker: Proxied
                 raise
             assert "has not returned from" in worker.log(), worker.log_tail()
             print(f"[faults] {worker.name} wedged in librdkafka, exited 7: restarted")
-            worker = run.factory.start("victim-restarted", env={"FAULT_SLEEP": "0.005"})
+            worker = run.factory.start("victim-restarted", env={"FAULT_SLEEP": "0.02"})
             run.wait_caught_up(worker, timeout=120)
         assert worker.stop() == 0, worker.log_tail()
     run.finish()
@@ -136,10 +139,13 @@ def test_kafka_network_blackhole_and_cut(run: Run, broker: ProxiedBroker) -> Non
         ("cut", run.rng.uniform(1.0, 3.0)),
     ]
     run.rng.shuffle(plan)
-    produced = run.produce()
+    # Long enough to outlast both faults: the worker applies its partitions
+    # side by side (~150 events/s at 20 ms each) and keeps applying what it
+    # fetched while the link is down.
+    produced = run.produce(count=5 * run.events)
     with run.sampling():
         # Given a worker applying events over a proxied link to the broker
-        worker = run.factory.start("victim", env={"FAULT_SLEEP": "0.01"})
+        worker = run.factory.start("victim", env={"FAULT_SLEEP": "0.02"})
         for mode, seconds in plan:
             run.wait_handler_calls(run.handler_calls() + run.rng.randint(20, 50))
             assert run.handler_calls() < len(produced.ids), "the stream ended first"
