@@ -183,19 +183,13 @@ def enqueue(
     def info() -> psycopg.ConnectionInfo:
         return conn.connection.info if isinstance(conn, psycopg.Cursor) else conn.info
 
-    steps = _enqueue(info, topic, payload, key, headers, event_id, event_type, schema)
-    row: tuple[Any, ...] | None = None
-    failure: psycopg.Error | None = None
-    while True:
+    steps = _Stepper(_enqueue(info, topic, payload, key, headers, event_id, event_type, schema))
+    while (step := steps.next()) is not None:
         try:
-            step = steps.send(row) if failure is None else steps.throw(failure)
-        except StopIteration as done:
-            return cast(uuid.UUID, done.value)
-        row, failure = None, None
-        try:
-            row = conn.execute(*step).fetchone()
+            steps.answer(conn.execute(*step).fetchone())
         except psycopg.Error as exc:
-            failure = exc
+            steps.fail(exc)
+    return steps.result
 
 
 async def enqueue_async(
@@ -218,19 +212,42 @@ async def enqueue_async(
     def info() -> psycopg.ConnectionInfo:
         return conn.connection.info if isinstance(conn, psycopg.AsyncCursor) else conn.info
 
-    steps = _enqueue(info, topic, payload, key, headers, event_id, event_type, schema)
-    row: tuple[Any, ...] | None = None
-    failure: psycopg.Error | None = None
-    while True:
+    steps = _Stepper(_enqueue(info, topic, payload, key, headers, event_id, event_type, schema))
+    while (step := steps.next()) is not None:
         try:
-            step = steps.send(row) if failure is None else steps.throw(failure)
-        except StopIteration as done:
-            return cast(uuid.UUID, done.value)
-        row, failure = None, None
-        try:
-            row = await (await conn.execute(*step)).fetchone()
+            steps.answer(await (await conn.execute(*step)).fetchone())
         except psycopg.Error as exc:
-            failure = exc
+            steps.fail(exc)
+    return steps.result
+
+
+class _Stepper:
+    """Drives :func:`_enqueue`'s steps for a driver: the next statement, then its answer."""
+
+    def __init__(self, steps: _Steps) -> None:
+        self._steps = steps
+        self._row: tuple[Any, ...] | None = None
+        self._failure: psycopg.Error | None = None
+        self.result: uuid.UUID = uuid.UUID(int=0)
+        """The event id, once :meth:`next` returned ``None``."""
+
+    def next(self) -> _Step | None:
+        """The next statement to run, with the last answer sent in; ``None`` when done."""
+        row, failure = self._row, self._failure
+        self._row, self._failure = None, None
+        try:
+            return self._steps.send(row) if failure is None else self._steps.throw(failure)
+        except StopIteration as done:
+            self.result = cast(uuid.UUID, done.value)
+            return None
+
+    def answer(self, row: tuple[Any, ...] | None) -> None:
+        """The statement's first row."""
+        self._row = row
+
+    def fail(self, exc: psycopg.Error) -> None:
+        """The statement failed: the steps translate ``exc`` (or let it through)."""
+        self._failure = exc
 
 
 def _enqueue(
