@@ -152,6 +152,9 @@ def new_prefix() -> str:
 @click.option("--large-rows", type=click.IntRange(0), help="Rows preloaded for 'large'.")
 @click.option("--latency-rate", type=click.IntRange(1), help="Offered events/s for 'latency'.")
 @click.option("--latency-seconds", type=click.FloatRange(0.5), help="Duration of 'latency'.")
+@click.option(
+    "--latency-warmup", type=click.FloatRange(0), help="Unmeasured load first, for 'latency'."
+)
 @click.option("--backlog-events", type=click.IntRange(10), help="1 KB events for 'memory'.")
 @click.option("--outbox-rows", type=click.IntRange(10), help="The relay's backlog.")
 @click.option(

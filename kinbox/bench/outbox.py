@@ -114,7 +114,7 @@ def timed_latency(
     notify: bool = True,
 ) -> RunResult:
     """The outbox scenario's latency run ``name``: :func:`latency`'s samples, p50 and p99."""
-    samples = ctx.sizes.outbox_samples
+    samples = ctx.sizes.outbox_samples if notify else ctx.sizes.outbox_polling_samples
     began = time.monotonic()
     values = latency(ctx, conn, schema, topic, samples, notify=notify)
     result = RunResult("outbox", name, rep, records=samples)

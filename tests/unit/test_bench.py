@@ -228,8 +228,8 @@ def test_cli_passes_every_option_to_the_run(monkeypatch: pytest.MonkeyPatch) -> 
          "-X", "security.protocol=SASL_SSL", "-X", "sasl.mechanism=PLAIN",
          "--scenario", "replay", "--scenario", "storm", "--contender", "ceiling",
          "--events", "500", "--repeat", "2", "--kills", "4", "--large-rows", "1000",
-         "--latency-rate", "50", "--latency-seconds", "2", "--kafka-version", "3.9.1",
-         "--json", "out.json"],
+         "--latency-rate", "50", "--latency-seconds", "2", "--latency-warmup", "0",
+         "--kafka-version", "3.9.1", "--json", "out.json"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     target = seen["target"]
@@ -239,7 +239,7 @@ def test_cli_passes_every_option_to_the_run(monkeypatch: pytest.MonkeyPatch) -> 
     assert [c.name for c in seen["contenders"]] == ["ceiling"]
     sizes = seen["sizes"]
     assert (sizes.events, sizes.repeat, sizes.kills, sizes.large_rows) == (500, 2, 4, 1000)
-    assert (sizes.latency_rate, sizes.latency_seconds) == (50, 2.0)
+    assert (sizes.latency_rate, sizes.latency_seconds, sizes.latency_warmup) == (50, 2.0, 0.0)
     assert seen["json_path"] == "out.json"
 
 
