@@ -15,6 +15,7 @@ import importlib
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Mapping
 from types import FrameType
@@ -44,6 +45,31 @@ EXIT_WEDGED = 7
 
 (Repeated here: the CLI imports this module, not the other way round.)
 """
+
+
+SWITCH_INTERVAL = 0.001
+"""Seconds a thread may hold the GIL while another waits for it (Python's default: 0.005).
+
+A worker's threads mostly wait on sockets: the polling thread on the
+consumer, each batch thread on its PostgreSQL connection. Each wait ends by
+taking the GIL back, and while another thread is running Python that takes
+up to the switch interval. With the default, a full replay spent a third of
+the polling thread's time in ``consume()`` returning (py-spy, ``--idle``)
+while the process used half a core; with 1 ms, in paired runs on 2 cores:
+replay 40-44k -> 50-55k events/s, per-event handlers 9.3-10.8k -> 10.4-11.4k,
+batch handlers 30.9k -> 33.6k. Set only where the process is kinbox's own
+(``kinbox worker``), and only if nobody changed Python's default.
+"""
+
+_PYTHON_DEFAULT_SWITCH = 0.005
+
+
+def shorten_switch_interval() -> bool:
+    """Set :data:`SWITCH_INTERVAL` if the process still has Python's default; True if set."""
+    if sys.getswitchinterval() != _PYTHON_DEFAULT_SWITCH:
+        return False
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    return True
 
 
 def load_app(target: str) -> App:
@@ -97,6 +123,7 @@ def run(app: App, settings: Settings) -> None:
             telemetry asked for cannot be set up.
         FatalTransportError: the consumer failed fatally.
     """
+    shorten_switch_interval()
     turned_on = configure_telemetry("kinbox-worker", settings.metrics_port)
     if turned_on:
         log.info("OpenTelemetry: %s", "; ".join(turned_on))

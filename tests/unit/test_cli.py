@@ -64,3 +64,20 @@ def test_a_module_with_bare_handlers_runs_on_the_default_app() -> None:
 
     assert load_app("tests.unit.bare_app") is default_app
     assert "bare-topic" in default_app.topics
+
+
+def test_the_worker_shortens_only_pythons_default_switch_interval() -> None:
+    import sys
+
+    from kinbox.ops.worker import SWITCH_INTERVAL, shorten_switch_interval
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        assert shorten_switch_interval() is True
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)
+        sys.setswitchinterval(0.002)  # the user's own choice is kept
+        assert shorten_switch_interval() is False
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+    finally:
+        sys.setswitchinterval(before)

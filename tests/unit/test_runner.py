@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -294,3 +295,51 @@ def test_runner_without_handlers_is_a_configuration_error() -> None:
 
     with pytest.raises(ConfigurationError, match="no handlers"):
         Runner(App(group_id="g"), Settings(), FakeTransport(), FakeStore())
+
+
+@pytest.mark.parametrize(("second_partition", "expected"), [(3, "saturated"), (1, "busy")])
+def test_polling_backs_off_only_while_every_partition_has_its_next_batch_waiting(
+    monkeypatch: pytest.MonkeyPatch, second_partition: int, expected: str
+) -> None:
+    """A record fetched while every partition has records waiting could only queue.
+
+    So the loop sleeps until a batch ends (SATURATED_WAIT at most) instead of
+    polling every BUSY_WAIT; a partition with nothing waiting keeps the short
+    bound, so its next record is fetched at once.
+    """
+    from kinbox.consume import runner as runner_module
+    from kinbox.consume.inflight import InFlight
+
+    release = threading.Event()
+    app = App(group_id="g")
+
+    @app.handler(T)
+    def slow(event: Event, tx: Any) -> None:
+        release.wait(10)
+
+    transport = FakeTransport()
+    for offset in range(3):
+        transport.append(record(T, 0, offset, f"0-{offset}"))
+    for offset in range(second_partition):
+        transport.append(record(T, 1, offset, f"1-{offset}"))
+    config = Settings(database_url="postgresql:///x", group_id="g", batch_max_messages=1)
+    runner = Runner(app, config.validate(), transport, FakeStore())
+    transport.subscribe(app.topics, runner)
+    waits: list[float] = []
+    real_wait = InFlight.wait
+
+    def spy(self: InFlight, timeout: float) -> None:
+        waits.append(timeout)
+        real_wait(self, 0)
+
+    try:
+        for _ in range(8):  # a record a poll: all fetched, both first batches started
+            runner.turn()
+        assert len(runner._inflight) == 2
+        monkeypatch.setattr(InFlight, "wait", spy)
+        runner.turn()
+    finally:
+        release.set()
+    bound = {"saturated": runner_module.SATURATED_WAIT, "busy": runner_module.BUSY_WAIT}
+    assert waits == [bound[expected]]
+    runner.stop()
