@@ -98,8 +98,8 @@ def latency(ctx: Context, job: Job) -> RunResult:
     ctx.wait_assigned(job.group, child)
     offered = sizes.latency_warmup + sizes.latency_seconds
     work = workload.build(round(sizes.latency_rate * offered), seed=7)
-    # The warm-up (a cold broker's JIT, the member's first fetches and
-    # connections) is offered the same load, and not measured.
+    # The warm-up (a freshly started stack's cold broker and caches, the
+    # member's first fetches and connections) gets the same load, unmeasured.
     warm_until = time.time() + sizes.latency_warmup
     ends = workload.produce(ctx.target, topic, work, rate=sizes.latency_rate, linger_ms=0)
     staged = Job(

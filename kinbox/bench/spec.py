@@ -96,7 +96,7 @@ class Sizes:
 
     A stack started for the run is cold (the broker's JVM, PostgreSQL's and
     the kernel's caches). With only the first second left out, runs on a
-    fresh stack had p99 43 to 50 ms; after ten seconds of warm-up, 14 to 22
+    fresh stack had p99 43 to 50 ms; after ten seconds of warm-up, 13 to 25
     ms (same code, same machine).
     """
     backlog_events: int = 300_000
