@@ -30,11 +30,15 @@ def _batch_in_flight(database_url: str, schema: str) -> bool:
     Only its own backend counts: the server is shared with the rest of the
     session, and another test's idle transaction (Connect's, say) must not
     make this one signal a worker that has not installed its handlers yet.
+    And only a transaction that wrote (has an xid): the claim inserts the
+    fresh events' rows, while the worker's start-up schema check reads in a
+    transaction too, before the signal handlers exist (a SIGTERM seen then
+    killed the worker with -15 in one full run).
     """
     with psycopg.connect(database_url, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
-            " AND application_name = %s",
+            " AND backend_xid IS NOT NULL AND application_name = %s",
             (schema,),
         ).fetchone()
     return bool(row and row[0])
