@@ -11,6 +11,7 @@ what was already applied.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
@@ -72,6 +73,41 @@ def shorten_switch_interval() -> bool:
     return True
 
 
+GC_THRESHOLD = (50_000, 20, 10)
+"""Collector thresholds ``kinbox worker`` sets (Python's default: ``(700, 10, 10)``).
+
+A batch holds its records and events alive until it ends, and records wait
+in the lanes for theirs: thousands of young container objects that outlive
+several of the default's generation-0 collections each, so every batch paid
+for collections that freed nothing (``gc.callbacks`` in a per-event worker:
+2,400 generation-0, 220 generation-1 and 20 full collections in 60k events,
+1.0-1.4 s of its 6.3-7.3 s of CPU). With 50,000 a collection comes every few
+batches; the garbage the collector exists for (reference cycles) waits a
+little longer, at most some megabytes of it. Paired runs of a per-event
+worker: 9.1-9.5k -> 10.7-11.5k events/s, 15% less CPU.
+"""
+
+_PYTHON_DEFAULT_GC = (700, 10, 10)
+
+
+def tune_gc() -> bool:
+    """Set :data:`GC_THRESHOLD` if the process still has Python's default; True if set."""
+    if not gc.isenabled() or gc.get_threshold() != _PYTHON_DEFAULT_GC:
+        return False
+    gc.set_threshold(*GC_THRESHOLD)
+    return True
+
+
+def freeze_start_up() -> None:
+    """Move everything start-up built out of the collector's way (``gc.freeze``).
+
+    Modules, the app, the clients and their connections live as long as the
+    process: a full collection would walk them all again each time.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def load_app(target: str) -> App:
     """Import ``pkg.module[:attr]`` and return its :class:`App`.
 
@@ -124,6 +160,7 @@ def run(app: App, settings: Settings) -> None:
         FatalTransportError: the consumer failed fatally.
     """
     shorten_switch_interval()
+    tuned = tune_gc()
     turned_on = configure_telemetry("kinbox-worker", settings.metrics_port)
     if turned_on:
         log.info("OpenTelemetry: %s", "; ".join(turned_on))
@@ -165,6 +202,8 @@ def run(app: App, settings: Settings) -> None:
     )
     _install_signals(runner, settings.shutdown_timeout)
     log.info("starting with %r", settings)
+    if tuned:
+        freeze_start_up()
     try:
         runner.run()
     finally:

@@ -81,3 +81,44 @@ def test_the_worker_shortens_only_pythons_default_switch_interval() -> None:
         assert sys.getswitchinterval() == pytest.approx(0.002)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_the_worker_raises_only_pythons_default_gc_thresholds() -> None:
+    import gc
+
+    from kinbox.ops.worker import GC_THRESHOLD, tune_gc
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        assert tune_gc() is True
+        assert gc.get_threshold() == GC_THRESHOLD
+        gc.set_threshold(2000, 10, 10)  # the user's own choice is kept
+        assert tune_gc() is False
+        assert gc.get_threshold() == (2000, 10, 10)
+        gc.set_threshold(700, 10, 10)
+        gc.disable()  # and so is a collector turned off
+        try:
+            assert tune_gc() is False
+            assert gc.get_threshold() == (700, 10, 10)
+        finally:
+            gc.enable()
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_freezing_start_up_leaves_the_collector_only_what_comes_after() -> None:
+    import gc
+
+    from kinbox.ops.worker import freeze_start_up
+
+    try:
+        freeze_start_up()
+        assert gc.get_freeze_count() > 0
+        # What the process builds from then on is still collected.
+        cycle: list[object] = []
+        cycle.append(cycle)
+        del cycle
+        assert gc.collect() >= 1
+    finally:
+        gc.unfreeze()
