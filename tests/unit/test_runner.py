@@ -343,3 +343,62 @@ def test_polling_backs_off_only_while_every_partition_has_its_next_batch_waiting
     bound = {"saturated": runner_module.SATURATED_WAIT, "busy": runner_module.BUSY_WAIT}
     assert waits == [bound[expected]]
     runner.stop()
+
+
+def test_no_poll_while_every_partition_has_a_whole_batch_waiting_but_one_at_least_every_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A poll then could only queue more records behind whole batches.
+
+    Its consume() gives the GIL to the batch threads and waits to get it back,
+    so the loop only waits for a batch to end; it still polls once
+    SATURATED_WAIT has passed since the last poll, for the rebalances, errors
+    and commit answers only a poll serves.
+    """
+    from kinbox.consume import runner as runner_module
+    from kinbox.consume.inflight import InFlight
+
+    release = threading.Event()
+    app = App(group_id="g")
+
+    @app.handler(T)
+    def slow(event: Event, tx: Any) -> None:
+        release.wait(10)
+
+    transport = FakeTransport()
+    for partition in (0, 1):
+        for offset in range(3):
+            transport.append(record(T, partition, offset, f"{partition}-{offset}"))
+    now = [100.0]
+    config = Settings(database_url="postgresql:///x", group_id="g", batch_max_messages=1)
+    runner = Runner(app, config.validate(), transport, FakeStore(), clock=lambda: now[0])
+    transport.subscribe(app.topics, runner)
+    polls: list[float] = []
+    waits: list[float] = []
+    real_poll, real_wait = FakeTransport.poll, InFlight.wait
+
+    def spy_poll(self: FakeTransport, most: int, timeout: float) -> list[Any]:
+        polls.append(timeout)
+        return real_poll(self, most, timeout)
+
+    def spy_wait(self: InFlight, timeout: float) -> None:
+        waits.append(timeout)
+        real_wait(self, 0)
+
+    try:
+        for _ in range(8):  # a record a poll: all fetched, both first batches started
+            runner.turn()
+        assert len(runner._inflight) == 2
+        monkeypatch.setattr(FakeTransport, "poll", spy_poll)
+        monkeypatch.setattr(InFlight, "wait", spy_wait)
+        runner.turn()
+        assert (polls, waits) == ([], [runner_module.SATURATED_WAIT])
+        now[0] += runner_module.SATURATED_WAIT / 2
+        runner.turn()
+        assert polls == []
+        now[0] += runner_module.SATURATED_WAIT / 2
+        runner.turn()
+        assert polls == [0.0]  # a poll that does not wait: batches are in flight
+    finally:
+        release.set()
+    runner.stop()
