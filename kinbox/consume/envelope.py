@@ -27,6 +27,8 @@ from kinbox.event import Event
 MAX_ID_BYTES = 255
 """Longest event id accepted, in UTF-8 bytes (the ``event_id`` column holds text)."""
 
+_ABSENT = object()
+
 
 class Record(NamedTuple):
     """A Kafka record as the transport hands it over: plain data, no client objects.
@@ -58,14 +60,20 @@ def event_id(record: Record, id_headers: Sequence[str]) -> str:
     """
     if record.headers_error is not None:
         raise _error(record, f"the record's headers cannot be read: {record.headers_error}")
+    headers = record.headers
     for name in id_headers:
-        values = [value for key, value in record.headers if key == name]
-        if not values:
+        # One pass, no list: this runs for every record, and most carry the
+        # first name once.
+        raw: object = _ABSENT
+        for key, value in headers:
+            if key == name:
+                if raw is _ABSENT:
+                    raw = value
+                elif value != raw:
+                    raise _error(record, f"header {name!r} is repeated with different values")
+        if raw is _ABSENT:
             continue
-        if any(value != values[0] for value in values[1:]):
-            raise _error(record, f"header {name!r} is repeated with different values")
-        raw = values[0]
-        if raw is None or raw == b"":
+        if not isinstance(raw, bytes) or raw == b"":
             raise _error(record, f"header {name!r} is empty")
         if len(raw) > MAX_ID_BYTES:
             raise _error(record, f"header {name!r} is {len(raw)} bytes, at most {MAX_ID_BYTES}")
