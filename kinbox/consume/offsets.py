@@ -33,7 +33,6 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 
-from kinbox.consume.envelope import Record
 from kinbox.errors import FatalTransportError, TransportError
 from kinbox.kafka.base import Partition, Transport
 
@@ -65,16 +64,14 @@ class Offsets:
         self._committed: dict[Partition, int] = {}
         self._last_warning = -_WARN_EVERY
 
-    def handed(self, records: Iterable[Record]) -> None:
-        """Note records the consumer handed over (every one a poll returned, run or not).
+    def handed(self, tp: Partition, next_offset: int) -> None:
+        """Note that the consumer handed over ``tp``'s records below ``next_offset``.
 
-        Until each is settled (:meth:`advance` past it) its partition's
-        position is never committed: a record put back or skipped could lie
-        below it.
+        Every record a poll returned counts, run or not. Until each is
+        settled (:meth:`advance` past it) its partition's position is never
+        committed: a record put back or skipped could lie below it.
         """
-        for record in records:
-            tp = (record.topic, record.partition)
-            self._handed[tp] = max(self._handed.get(tp, 0), record.offset + 1)
+        self._handed[tp] = max(self._handed.get(tp, 0), next_offset)
 
     def advance(self, tp: Partition, next_offset: int) -> None:
         """Record that every event of ``tp`` below ``next_offset`` is committed in the DB."""

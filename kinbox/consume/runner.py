@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future
 from functools import partial
+from itertools import groupby
+from operator import itemgetter
 
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
@@ -52,6 +54,9 @@ log = logging.getLogger(__name__)
 
 LANES_BUDGET = 64
 """Batches waiting in all lanes together: sixteen each for up to four partitions."""
+
+_PARTITION = itemgetter(0, 1)
+"""A :class:`~kinbox.consume.envelope.Record`'s ``(topic, partition)``."""
 
 BUSY_WAIT = 0.002
 """Seconds the loop sleeps, with batches in flight and nothing fetched, before polling again.
@@ -370,11 +375,12 @@ class Runner:
         return bool(self._assigned) and all(self._lanes.waiting(tp) for tp in self._assigned)
 
     def _take(self, records: list[Record]) -> None:
-        self._offsets.handed(records)
-        by_partition: dict[Partition, list[Record]] = {}
-        for record in records:
-            by_partition.setdefault((record.topic, record.partition), []).append(record)
-        for tp, batch in by_partition.items():
+        # A poll returns each partition's records as runs, in offset order:
+        # one step per run, not per record (this is the polling thread's
+        # busiest loop in a replay).
+        for tp, run in groupby(records, _PARTITION):
+            batch = list(run)
+            self._offsets.handed(tp, batch[-1].offset + 1)
             if tp not in self._assigned or tp in self._backoff.paused:
                 # Revoked meanwhile (its next owner reads it), or fetched
                 # before a pause took effect (the partition was rewound and
