@@ -265,4 +265,9 @@ def _truncate_bytes(raw: bytes, limit: int | None) -> bytes:
 
 def is_replay(headers_: Sequence[tuple[str, bytes | None]]) -> bool:
     """Whether a record carries the ``kinbox.replay`` header."""
-    return any(k == REPLAY_HEADER for k, _ in headers_)
+    # A loop, not any() over a generator (a third of the cost): asked of
+    # every event of every batch.
+    for key, _ in headers_:  # noqa: SIM110
+        if key == REPLAY_HEADER:
+            return True
+    return False
