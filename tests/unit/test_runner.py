@@ -297,19 +297,14 @@ def test_runner_without_handlers_is_a_configuration_error() -> None:
         Runner(App(group_id="g"), Settings(), FakeTransport(), FakeStore())
 
 
-@pytest.mark.parametrize(("second_partition", "expected"), [(3, "saturated"), (1, "busy")])
-def test_polling_backs_off_only_while_every_partition_has_its_next_batch_waiting(
-    monkeypatch: pytest.MonkeyPatch, second_partition: int, expected: str
-) -> None:
-    """A record fetched while every partition has records waiting could only queue.
+def _both_first_batches_in_flight(
+    second_partition: int, **runner_args: Any
+) -> tuple[Runner, FakeTransport, threading.Event]:
+    """A runner whose batches (of one record) on partitions 0 and 1 are both running, blocked.
 
-    So the loop sleeps until a batch ends (SATURATED_WAIT at most) instead of
-    polling every BUSY_WAIT; a partition with nothing waiting keeps the short
-    bound, so its next record is fetched at once.
+    Partition 0 has three records, partition 1 ``second_partition``; all are
+    fetched (a record a poll). Set the event to let the handlers return.
     """
-    from kinbox.consume import runner as runner_module
-    from kinbox.consume.inflight import InFlight
-
     release = threading.Event()
     app = App(group_id="g")
 
@@ -323,8 +318,22 @@ def test_polling_backs_off_only_while_every_partition_has_its_next_batch_waiting
     for offset in range(second_partition):
         transport.append(record(T, 1, offset, f"1-{offset}"))
     config = Settings(database_url="postgresql:///x", group_id="g", batch_max_messages=1)
-    runner = Runner(app, config.validate(), transport, FakeStore())
+    runner = Runner(app, config.validate(), transport, FakeStore(), **runner_args)
     transport.subscribe(app.topics, runner)
+    try:
+        for _ in range(8):
+            runner.turn()
+        assert len(runner._inflight) == 2
+    except BaseException:
+        release.set()
+        raise
+    return runner, transport, release
+
+
+def _spy_waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Record each bound the loop waits for a batch with (and do not wait)."""
+    from kinbox.consume.inflight import InFlight
+
     waits: list[float] = []
     real_wait = InFlight.wait
 
@@ -332,11 +341,25 @@ def test_polling_backs_off_only_while_every_partition_has_its_next_batch_waiting
         waits.append(timeout)
         real_wait(self, 0)
 
+    monkeypatch.setattr(InFlight, "wait", spy)
+    return waits
+
+
+@pytest.mark.parametrize(("second_partition", "expected"), [(3, "saturated"), (1, "busy")])
+def test_polling_backs_off_only_while_every_partition_has_its_next_batch_waiting(
+    monkeypatch: pytest.MonkeyPatch, second_partition: int, expected: str
+) -> None:
+    """A record fetched while every partition has records waiting could only queue.
+
+    So the loop sleeps until a batch ends (SATURATED_WAIT at most) instead of
+    polling every BUSY_WAIT; a partition with nothing waiting keeps the short
+    bound, so its next record is fetched at once.
+    """
+    from kinbox.consume import runner as runner_module
+
+    runner, _, release = _both_first_batches_in_flight(second_partition)
     try:
-        for _ in range(8):  # a record a poll: all fetched, both first batches started
-            runner.turn()
-        assert len(runner._inflight) == 2
-        monkeypatch.setattr(InFlight, "wait", spy)
+        waits = _spy_waits(monkeypatch)
         runner.turn()
     finally:
         release.set()
@@ -356,41 +379,19 @@ def test_no_poll_while_every_partition_has_a_whole_batch_waiting_but_one_at_leas
     and commit answers only a poll serves.
     """
     from kinbox.consume import runner as runner_module
-    from kinbox.consume.inflight import InFlight
 
-    release = threading.Event()
-    app = App(group_id="g")
-
-    @app.handler(T)
-    def slow(event: Event, tx: Any) -> None:
-        release.wait(10)
-
-    transport = FakeTransport()
-    for partition in (0, 1):
-        for offset in range(3):
-            transport.append(record(T, partition, offset, f"{partition}-{offset}"))
     now = [100.0]
-    config = Settings(database_url="postgresql:///x", group_id="g", batch_max_messages=1)
-    runner = Runner(app, config.validate(), transport, FakeStore(), clock=lambda: now[0])
-    transport.subscribe(app.topics, runner)
+    runner, transport, release = _both_first_batches_in_flight(3, clock=lambda: now[0])
     polls: list[float] = []
-    waits: list[float] = []
-    real_poll, real_wait = FakeTransport.poll, InFlight.wait
+    real_poll = transport.poll
 
-    def spy_poll(self: FakeTransport, most: int, timeout: float) -> list[Any]:
+    def spy_poll(most: int, timeout: float) -> list[Any]:
         polls.append(timeout)
-        return real_poll(self, most, timeout)
-
-    def spy_wait(self: InFlight, timeout: float) -> None:
-        waits.append(timeout)
-        real_wait(self, 0)
+        return real_poll(most, timeout)
 
     try:
-        for _ in range(8):  # a record a poll: all fetched, both first batches started
-            runner.turn()
-        assert len(runner._inflight) == 2
-        monkeypatch.setattr(FakeTransport, "poll", spy_poll)
-        monkeypatch.setattr(InFlight, "wait", spy_wait)
+        monkeypatch.setattr(transport, "poll", spy_poll)
+        waits = _spy_waits(monkeypatch)
         runner.turn()
         assert (polls, waits) == ([], [runner_module.SATURATED_WAIT])
         now[0] += runner_module.SATURATED_WAIT / 2
