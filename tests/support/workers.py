@@ -216,8 +216,8 @@ class Deliveries:
     handler_calls: int = 0
     applied: int = 0
     duplicates: int = 0
-    attempts: dict[str, list[int]] = field(default_factory=dict)
-    """Event id -> the ``attempt`` of each handler call, in call order."""
+    attempts: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    """(partition, offset) -> the ``attempt`` of each handler call on that record, in call order."""
     holds: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     """Event id -> ``(begin|end, monotonic time)`` of the handler's held calls."""
 
@@ -245,7 +245,8 @@ def read_deliveries(log_dir: Path) -> Deliveries:
             elif parts[0] == "h":
                 out.handler_calls += 1
                 if len(parts) == 5:
-                    out.attempts.setdefault(parts[3], []).append(int(parts[4]))
+                    where = (int(parts[1]), int(parts[2]))
+                    out.attempts.setdefault(where, []).append(int(parts[4]))
             elif parts[0] == "w" and len(parts) == 6:
                 out.holds.setdefault(parts[3], []).append((parts[4], float(parts[5])))
             elif parts[0] == "r" and len(parts) == 3:
