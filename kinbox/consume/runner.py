@@ -365,14 +365,19 @@ class Runner:
         commit answers, which only a poll serves, still wait no longer than
         they would otherwise.
         """
-        if not self._assigned or self._clock() - self._polled >= SATURATED_WAIT:
+        if self._clock() - self._polled >= SATURATED_WAIT:
             return False
-        most = self._settings.batch_max_messages
-        return all(self._lanes.waiting(tp) >= most for tp in self._assigned)
+        return self._every_lane_holds(self._settings.batch_max_messages)
 
     def _saturated(self) -> bool:
         """Whether every assigned partition has records waiting for its next batch."""
-        return bool(self._assigned) and all(self._lanes.waiting(tp) for tp in self._assigned)
+        return self._every_lane_holds(1)
+
+    def _every_lane_holds(self, records: int) -> bool:
+        """Whether every assigned partition (there is one at least) has ``records`` waiting."""
+        return bool(self._assigned) and all(
+            self._lanes.waiting(tp) >= records for tp in self._assigned
+        )
 
     def _take(self, records: list[Record]) -> None:
         # A poll returns each partition's records as runs, in offset order:
