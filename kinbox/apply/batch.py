@@ -52,10 +52,12 @@ are fresh and applied now. Either way each effect commits once.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
@@ -63,6 +65,7 @@ from kinbox.apply.dispatch import Dispatcher
 from kinbox.apply.narrow import Plan, Refused, Settlement, Tally, Undeliverable
 from kinbox.apply.outcome import BatchResult, Failure, Step
 from kinbox.apply.route import Route
+from kinbox.apply.skim import NOTHING, Skim, look_up
 from kinbox.consume.envelope import Record, derived_event, to_event
 from kinbox.errors import EnvelopeError, StoreError, TransportError
 from kinbox.event import Event
@@ -102,6 +105,9 @@ class BatchProcessor:
         middleware: hooked around every batch (see :mod:`kinbox.middleware.base`).
         dead_letter_limits: the record size limit of each dead-letter topic,
             which its ``kinbox.dlq.*`` headers must not push a record over.
+        batch_size: records one transaction takes at most (``None``: all
+            those given); a longer run of records (a skim's) is applied as
+            several batches.
     """
 
     def __init__(
@@ -116,8 +122,11 @@ class BatchProcessor:
         missing_id: str = "dead-letter",
         middleware: Sequence[Middleware] = (),
         dead_letter_limits: Mapping[str, int] | None = None,
+        batch_size: int | None = None,
     ) -> None:
         self._routes = routes
+        self._store = store
+        self._batch_size = batch_size
         # Each route's transactions run in the store its kind picks (an
         # async handler's: the same inbox on an AsyncConnection), chosen now,
         # so no batch asks which kind it holds.
@@ -133,38 +142,57 @@ class BatchProcessor:
         # holds. One batch at a time sends and flushes, so each flush is its own.
         self._sending = threading.Lock()
 
-    def process(self, records: Sequence[Record], attempt: int = 1) -> BatchResult:
+    def process(
+        self, records: Sequence[Record], attempt: int = 1, *, skim: bool = False
+    ) -> BatchResult:
         """Apply ``records`` (one partition, offset order); never raises for bad input.
 
         Safe to call from several threads at once for different partitions
-        (each transaction takes its own connection from the store).
+        (each transaction takes its own connection from the store). Records
+        beyond ``batch_size`` are applied as further batches, one after the
+        other, each in its own transaction and between its own middleware
+        hooks, until one stops; the result covers them all.
 
         Args:
             records: consecutive records of one partition.
             attempt: the try of the first record (1 = first); the others are on
                 their first try, because a failure always stops the partition
                 at the failed record.
+            skim: look up every id first and drop the known duplicates before
+                any transaction (:mod:`kinbox.apply.skim`).
 
         Raises:
             Exception: what a middleware's ``before_batch`` raised (or a bug);
                 every ``after_batch`` whose ``before_batch`` ran has been told.
         """
-        topic, partition = records[0].topic, records[0].partition
-        self._chain.before_batch(topic, partition, records)
-        try:
-            result = self._process(records, attempt)
-        except BaseException as exc:
-            self._chain.after_batch(topic, partition, records, BatchResult(None), exc)
-            raise
-        for letter in result.letters:
-            self._chain.after_dead_letter(letter)
-        self._chain.after_batch(topic, partition, records, result)
+        events, invalid, stop = self._events(records, attempt)
+        looked = look_up(self._store, events) if skim and events else NOTHING
+        result = BatchResult(None)
+        size = self._batch_size or max(1, len(records))
+        for start in range(0, len(records), size):
+            if start > len(events):
+                break  # past the record the partition stops at
+            end = start + size
+            batch = records[start:end]
+            part = self._hooked(batch, partial(
+                self._settle, batch, events[start:end], Plan(invalid),
+                stop if len(events) < end else None, looked,
+            ))  # fmt: skip
+            result = result.then(part)
+            if part.failure is not None:
+                break
         return result
 
-    def _process(self, records: Sequence[Record], attempt: int) -> BatchResult:
+    def _events(
+        self, records: Sequence[Record], attempt: int
+    ) -> tuple[list[Event], dict[int, EnvelopeError], Failure | None]:
+        """An event per record, up to a record that stops the partition (``missing_id=fail``).
+
+        Returns the events, the records without a valid id by offset (their
+        events carry the derived id), and the failure to stop at, if any.
+        """
         events: list[Event] = []
-        plan = Plan()
-        stop: Failure | None = None
+        invalid: dict[int, EnvelopeError] = {}
         for index, record in enumerate(records):
             tries = attempt if index == 0 else 1
             try:
@@ -174,30 +202,71 @@ class BatchProcessor:
                     stop = Failure(
                         record.topic, record.partition, record.offset, tries, exc, record=record
                     )
-                    break
+                    return events, invalid, stop
                 # Both other policies key the record on its position; under
                 # dead-letter that row records it as dead-lettered, so a
                 # redelivery finds it and does not send a second dead letter.
                 events.append(derived_event(record, tries))
                 if self._missing_id == "dead-letter":
-                    plan.invalid[record.offset] = exc
+                    invalid[record.offset] = exc
+        return events, invalid, None
+
+    def _hooked(self, records: Sequence[Record], work: Callable[[], BatchResult]) -> BatchResult:
+        """``work``, the batch of ``records``, between the middleware's batch hooks."""
+        topic, partition = records[0].topic, records[0].partition
+        self._chain.before_batch(topic, partition, records)
+        try:
+            result = work()
+        except BaseException as exc:
+            self._chain.after_batch(topic, partition, records, BatchResult(None), exc)
+            raise
+        for letter in result.letters:
+            self._chain.after_dead_letter(letter)
+        self._chain.after_batch(topic, partition, records, result)
+        return result
+
+    def _settle(
+        self,
+        records: Sequence[Record],
+        events: list[Event],
+        plan: Plan,
+        stop: Failure | None,
+        looked: Skim,
+    ) -> BatchResult:
+        """Settle ``events`` (a batch's), then stop at ``stop`` if they all are."""
         if not events:
             return BatchResult(None, stop)
+        known = looked.known
+        if known and self._chain.observes_steps:
+            # The look-up decided first which of these events are duplicates.
+            left = [e for e in events if e.id not in known]
+            if len(left) < len(events):
+                step = Step(
+                    "claim", topic=events[0].topic, partition=events[0].partition,
+                    started=looked.started, ended=looked.ended, events=events, fresh=left,
+                )  # fmt: skip
+                self._chain.after_step(step)
         by_offset = {r.offset: r for r in records}
         settlement = Settlement(by_offset, events, plan, self._missing_id, self._limit)
-        result = settlement.run(lambda part, plan: self._apply(by_offset, part, plan))
+        result = settlement.run(lambda part, plan: self._apply(by_offset, part, plan, known))
         if stop is not None and result.failure is None:
-            result = BatchResult(
-                result.next_offset, stop, result.applied, result.duplicates,
-                result.dead_lettered, result.letters,
-            )  # fmt: skip
+            result = dataclasses.replace(result, failure=stop)
         return result
 
     def _limit(self, event: Event) -> int:
         return self._dispatcher.limit(self._routes[event.topic])
 
-    def _apply(self, records: Mapping[int, Record], events: list[Event], plan: Plan) -> Tally:
+    def _apply(
+        self,
+        records: Mapping[int, Record],
+        events: list[Event],
+        plan: Plan,
+        known: frozenset[str] = frozenset(),
+    ) -> Tally:
         """One transaction over ``events``: claim, handlers, dead letters, COMMIT.
+
+        The events whose ids are ``known`` (skimmed) are duplicates already:
+        left out of the transaction, which is not even begun when none is left.
 
         Raises:
             Refused: PostgreSQL refused the claim, COMMIT or a dead letter's
@@ -206,6 +275,13 @@ class BatchProcessor:
             Undeliverable: the broker did not take a dead letter.
             StoreError: the database failed; the batch must wait.
         """
+        skimmed = 0
+        if known:
+            left = [e for e in events if e.id not in known]
+            skimmed = len(events) - len(left)
+            if not left:
+                return Tally(0, skimmed, [])
+            events = left
         route = self._routes[events[0].topic]
         letters: list[Letter] = []
         ready = False  # the body ran to its end: a StoreError now is COMMIT's
@@ -248,7 +324,7 @@ class BatchProcessor:
             raise
         self._step("commit", events[0], fresh, committing)
         failpoint("after_db_commit")
-        return Tally(len(fresh) - len(letters), len(events) - len(fresh), letters)
+        return Tally(len(fresh) - len(letters), len(events) - len(fresh) + skimmed, letters)
 
     def _now(self) -> int:
         # Only timed when a middleware listens: the claim and COMMIT are per

@@ -44,6 +44,17 @@ class BatchResult:
     dead_lettered: int = 0
     letters: tuple[Letter, ...] = ()
 
+    def then(self, later: BatchResult) -> BatchResult:
+        """One result for this batch followed by ``later``, the next one of its partition."""
+        return BatchResult(
+            self.next_offset if later.next_offset is None else later.next_offset,
+            later.failure,
+            self.applied + later.applied,
+            self.duplicates + later.duplicates,
+            self.dead_lettered + later.dead_lettered,
+            self.letters + later.letters,
+        )
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -97,7 +108,9 @@ class Step:
     of each kind.
 
     Attributes:
-        name: ``claim`` or ``commit``.
+        name: ``claim`` or ``commit``. A batch that was skimmed
+            (:mod:`kinbox.apply.skim`) reports the look-up as a ``claim`` of
+            its events first: ``fresh`` are those it left to the claim.
         topic: the batch's topic.
         partition: its partition.
         started: when the step began, in nanoseconds since the epoch (``time.time_ns``).

@@ -37,6 +37,7 @@ from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
 from kinbox.apply.outcome import BatchResult
 from kinbox.apply.policy import FailurePolicy, RetryPolicy
+from kinbox.apply.skim import RUN_BATCHES, worth_skimming
 from kinbox.config import Settings
 from kinbox.consume.backoff import Backoff
 from kinbox.consume.breaker import Breaker, State
@@ -135,10 +136,14 @@ class Runner:
             missing_id=settings.missing_id,
             middleware=app.middleware,
             dead_letter_limits=dead_letter_limits,
+            batch_size=settings.batch_max_messages,
         )
         self._stopping = False
         self._broken = False
         self._assigned: set[Partition] = set()
+        # Partitions whose last batch was a whole batch of duplicates: their
+        # next batch is a run of RUN_BATCHES, skimmed (kinbox.apply.skim).
+        self._skimming: set[Partition] = set()
         self._offsets = Offsets(transport)
         self._backoff = Backoff(
             transport, policy or RetryPolicy(settings.retry_initial, settings.retry_max), clock
@@ -352,6 +357,7 @@ class Runner:
 
     def _forget(self, tp: Partition) -> None:
         self._assigned.discard(tp)
+        self._skimming.discard(tp)
         self._lanes.drop(tp)
         self._lanes.held.discard(tp)
         self._offsets.forget(tp)
@@ -408,24 +414,26 @@ class Runner:
                 break
             if tp in self._inflight or tp in self._backoff.paused:
                 continue
-            batch = self._admitted(tp)
+            skim = tp in self._skimming and self._breaker.state is State.CLOSED
+            batch = self._admitted(tp, RUN_BATCHES if skim else 1)
             if not batch:
                 continue
             attempt = self._backoff.attempt(tp, batch[0].offset)
-            self._inflight.submit(tp, partial(self._processor.process, batch, attempt))
+            work = partial(self._processor.process, batch, attempt, skim=skim)
+            self._inflight.submit(tp, work)
             started = True
         self._lanes.unhold(keep_paused={*self._backoff.paused, *self._breaker.held})
         return started
 
-    def _admitted(self, tp: Partition) -> list[Record]:
-        """The next batch of ``tp``'s lane, as far as the circuit breaker lets it run.
+    def _admitted(self, tp: Partition, batches: int = 1) -> list[Record]:
+        """Up to ``batches`` batches of ``tp``'s lane, as far as the circuit breaker lets them run.
 
         A breaker open or half-open takes the whole lane: what it does not
         let through (all, or all but its probe) it rewinds and pauses, so
         those records come again when it closes.
         """
         if self._breaker.state is State.CLOSED:
-            return self._lanes.take(tp, self._settings.batch_max_messages)
+            return self._lanes.take(tp, batches * self._settings.batch_max_messages)
         lane = self._lanes.take(tp, self._lanes.waiting(tp))
         batch = self._breaker.admit({tp: lane}).get(tp, [])
         if tp in self._breaker.held:
@@ -443,6 +451,18 @@ class Runner:
         if tp not in self._assigned:
             return  # revoked or lost meanwhile: not ours to commit or rewind
         self._advance(tp, result)
+        if worth_skimming(result, self._settings.batch_max_messages):
+            if tp not in self._skimming:
+                log.info(
+                    "%s: a whole batch of duplicates (a replay?): skimming its next records, "
+                    "%d batches at a time, until a batch holds something fresh",
+                    tp,
+                    RUN_BATCHES,
+                )
+                self._skimming.add(tp)
+        elif tp in self._skimming:
+            log.debug("%s: fresh events again: batch by batch", tp)
+            self._skimming.discard(tp)
         if result.failure is not None:
             # The records fetched behind the failure come again after the rewind.
             self._lanes.drop(tp)

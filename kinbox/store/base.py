@@ -121,6 +121,21 @@ class InboxStore(Protocol):
                 trigger) is judged as a handler's statement would be.
         """
 
+    def known(self, ids: Collection[str]) -> set[str]:
+        """Those of ``ids`` this consumer has recorded already, read outside any transaction.
+
+        A read-only look at ``processed_events``, cheaper than a claim and
+        without a transaction around it (:mod:`kinbox.apply.skim`). An id
+        found is a duplicate for good: a committed row only ever goes by
+        retention, so the claim would drop its events as well. An id not
+        found may be fresh, or claimed by a transaction still open; either
+        way it is left to the claim, which decides. Never waits for another
+        transaction.
+
+        Raises:
+            StoreError: ``transient`` unless the database refused the ids.
+        """
+
     def close(self) -> None:
         """Release connections."""
 

@@ -104,9 +104,11 @@ class SyncConnection:
         """The loop the connection lives on."""
         return self._loop
 
-    def execute(self, query: Any, params: Sequence[Any] | None = None) -> SyncCursor:
+    def execute(
+        self, query: Any, params: Sequence[Any] | None = None, *, prepare: bool | None = None
+    ) -> SyncCursor:
         """Run one statement; its results are read through the returned cursor."""
-        cursor = self._loop.run(self.async_connection.execute(query, params))
+        cursor = self._loop.run(self.async_connection.execute(query, params, prepare=prepare))
         return SyncCursor(self._loop, cursor)
 
     def transaction(self) -> SyncContext[Any]:
@@ -137,6 +139,10 @@ class SyncConnection:
     def autocommit(self) -> bool:
         """See ``Connection.autocommit``."""
         return self.async_connection.autocommit
+
+    @autocommit.setter
+    def autocommit(self, value: bool) -> None:
+        self._loop.run(self.async_connection.set_autocommit(value))
 
     @property
     def closed(self) -> bool:

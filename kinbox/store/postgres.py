@@ -95,6 +95,21 @@ class PostgresInboxStore:
             " RETURNING event_id"
         )
         self._reclaim = sql.SQL(reclaim).format(table).as_bytes()
+        # The skim's look-up (kinbox.apply.skim): one probe of the primary key
+        # per id. The LIMIT keeps the subquery from being flattened into a
+        # join, so every plan is this nested loop: a join's plan chooses by
+        # the consumer's estimated row count, and on stale statistics (a
+        # freshly emptied table that grew since) it read the consumer's
+        # whole index for every batch.
+        self._known = (
+            sql.SQL(
+                "SELECT c.event_id FROM unnest(%s::text[]) AS c(event_id)"
+                " CROSS JOIN LATERAL (SELECT FROM {}.processed_events p"
+                " WHERE p.consumer = %s AND p.event_id = c.event_id LIMIT 1) AS found"
+            )
+            .format(table)
+            .as_bytes()
+        )
         # Runs only on a row this transaction just claimed, so it always finds it.
         self._dead_letter = (
             sql.SQL(
@@ -137,6 +152,31 @@ class PostgresInboxStore:
             # BEGIN, COMMIT or ROLLBACK: COMMIT runs the handlers' deferred
             # checks, so it is judged as their statements are.
             raise translate(exc, own=False) from exc
+
+    def known(self, ids: Collection[str]) -> set[str]:
+        """See :meth:`InboxStore.known`: one statement, in autocommit, on a pool connection."""
+        if not ids:
+            return set()
+        try:
+            with self._pool.connection() as conn:
+                try:
+                    # Autocommit: the statement is its own transaction, so the
+                    # look-up costs one round trip, not BEGIN, SELECT and COMMIT.
+                    conn.autocommit = True
+                    # Planned for each call (never a cached generic plan): the
+                    # plan then follows the table's size as it grows.
+                    rows = conn.execute(
+                        self._known, (text_array(list(ids)), self._consumer), prepare=False
+                    ).fetchall()
+                finally:
+                    if not conn.closed:
+                        conn.autocommit = False
+                    self._checkout.given_back(conn)
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+        except ValueError as exc:  # an id the client encoding cannot encode
+            raise StoreError(describe(exc), transient=False) from exc
+        return {row[0] for row in rows}
 
     def close(self) -> None:
         """Close the pool."""

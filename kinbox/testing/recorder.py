@@ -149,6 +149,10 @@ class RecordingStore:
                 return fault
         return None
 
+    def known(self, ids: Collection[str]) -> set[str]:
+        """``inner``'s look-up (:meth:`~kinbox.store.base.InboxStore.known`): nothing to record."""
+        return self._inner.known(ids)
+
     def close(self) -> None:
         """Close ``inner``."""
         self._inner.close()
@@ -163,6 +167,9 @@ class _AsyncView:
 
     def transaction(self) -> AbstractContextManager[InboxTransaction]:
         return self._recorder.recorded(self._inner)
+
+    def known(self, ids: Collection[str]) -> set[str]:
+        return self._inner.known(ids)
 
     def close(self) -> None:
         """Nothing: the recorder closes its inner store, which closes this one's."""

@@ -195,6 +195,8 @@ class FakeStore:
 
     - ``fail_claims``: that many next claims raise a *transient*
       :class:`~kinbox.errors.StoreError` (the connection went away).
+    - ``fail_skims``: that many next :meth:`known` look-ups raise a
+      transient :class:`~kinbox.errors.StoreError`.
     - ``lose_after_commit``: that many next transactions commit and then
       raise a transient error: the ambiguous commit, where the client never
       heard back from a COMMIT that happened.
@@ -242,7 +244,12 @@ class FakeStore:
         """COMMITs (or deferred checks) refused by ``refuse_commit``."""
         self.transactions = 0
         """Transactions opened."""
+        self.skims: list[list[str]] = []
+        """The ids of every :meth:`known` look-up, sorted, in order."""
+        self.fail_skims = 0
         self._one_at_a_time = threading.RLock()
+        # The committed rows while a transaction is open (what known() reads then).
+        self._before: dict[str, str] | None = None
 
     def check_deferred(self, mark: int) -> None:
         """Run ``refuse_commit`` on the effects written since ``mark``.
@@ -264,6 +271,7 @@ class FakeStore:
         self.transactions += 1
         saved = dict(self.claimed), dict(self.status), dict(self.reasons), len(self.effects)
         tx = FakeTransaction(self, saved[3])
+        self._before = saved[1]
         try:
             yield tx
             if tx.connection.aborted:
@@ -275,10 +283,29 @@ class FakeStore:
             if isinstance(exc, _RolledBack):
                 return
             raise
+        finally:
+            self._before = None
         self.commits += 1
         if self.lose_after_commit:
             self.lose_after_commit -= 1
             raise StoreError("OperationalError: connection lost during COMMIT", transient=True)
+
+    def known(self, ids: Collection[str]) -> set[str]:
+        """See :meth:`~kinbox.store.base.InboxStore.known`: the committed rows' ids among ``ids``.
+
+        Never waits: while a transaction is open it reads the rows as they
+        were before it began, so its claims are never seen uncommitted. The
+        knobs apply as to a claim's ids: ``fail_skims`` and ``refuse_id``.
+        """
+        self.skims.append(sorted(ids))
+        if self.fail_skims:
+            self.fail_skims -= 1
+            raise StoreError("OperationalError: server closed the connection", transient=True)
+        refused = [i for i in ids if not postgres_accepts(i) or self.refuse_id(i)]
+        if refused:
+            raise StoreError(f"DataError: cannot send event id {refused[0]!r}", transient=False)
+        rows = self.status if self._before is None else self._before
+        return {i for i in ids if i in rows}
 
     def for_async(self) -> FakeStore:
         """Itself: its transactions also run async handlers (:meth:`FakeTransaction.wait`)."""

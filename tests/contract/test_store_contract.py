@@ -61,6 +61,25 @@ def test_a_claim_keeps_every_id_exactly_whatever_characters_it_holds(inbox: Stor
     assert claim(inbox.store, *events) == []  # each found again under its own id
 
 
+def test_known_reads_the_consumers_committed_rows_only_and_never_waits(inbox: StoreSide) -> None:
+    claim(inbox.store, ev("a", 0), *[ev(event_id, 1) for event_id in AWKWARD_IDS])
+    with inbox.store.transaction() as tx:
+        tx.claim([ev("b", 2)])
+        # b is claimed, not committed: neither seen nor waited for
+        assert inbox.store.known({"a", "b", "c"}) == {"a"}
+    assert inbox.store.known({"a", "b", "c"}) == {"a", "b"}
+    assert inbox.store.known(set(AWKWARD_IDS)) == set(AWKWARD_IDS)
+    assert inbox.store.known(set()) == set()
+    assert inbox.other_consumer().known({"a", "b"}) == set()
+
+
+def test_known_refuses_an_id_it_cannot_send_as_the_claim_would(inbox: StoreSide) -> None:
+    with pytest.raises(StoreError) as refused:
+        inbox.store.known({"ok", "lone \ud800 surrogate"})
+    assert not refused.value.transient
+    assert inbox.store.known({"ok"}) == set()  # and the store goes on
+
+
 def test_a_claim_of_several_partitions_keeps_their_order_and_places(inbox: StoreSide) -> None:
     places = [(T, 1, 5), (T, 0, 9), ("other", 0, 7), (T, 1, 6)]
     mixed = [Event(id=f"{t}/{p}/{o}", topic=t, partition=p, offset=o, key=None, value=b"")

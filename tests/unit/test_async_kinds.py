@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections.abc import Collection
 from typing import Any
 
 import pytest
@@ -139,6 +140,9 @@ def test_a_store_that_cannot_run_async_handlers_is_refused_at_start() -> None:
 
         def transaction(self) -> Any:
             return self._store.transaction()
+
+        def known(self, ids: Collection[str]) -> set[str]:
+            return self._store.known(ids)
 
         def close(self) -> None: ...
 

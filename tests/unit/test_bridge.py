@@ -86,9 +86,15 @@ class FakeAsyncConnection:
     def _note(self, what: str) -> None:
         self.log.append((what, threading.current_thread().name))
 
-    async def execute(self, query: Any, params: Any = None) -> FakeAsyncCursor:
-        self._note(f"execute {query}")
+    async def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = None
+    ) -> FakeAsyncCursor:
+        self._note(f"execute {query}" + ("" if prepare is None else f" prepare={prepare}"))
         return FakeAsyncCursor([(query, params)])
+
+    async def set_autocommit(self, value: bool) -> None:
+        self._note(f"autocommit {value}")
+        self.autocommit = value
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
@@ -125,8 +131,12 @@ def test_the_connection_bridge_runs_every_call_on_the_loop(loop: LoopThread) -> 
             pipe.sync()
     with pytest.raises(KeyError), conn.transaction():
         raise KeyError("k")
+    conn.autocommit = True
+    conn.execute("r", prepare=False)
+    assert conn.autocommit
     assert [what for what, _ in fake.log] == [
         "begin", "execute q", "pipeline", "sync", "pipeline end", "commit", "begin", "rollback",
+        "autocommit True", "execute r prepare=False",
     ]  # fmt: skip
     assert {thread for _, thread in fake.log} == {"test-loop"}
     # Computed locally by psycopg: read directly.

@@ -137,6 +137,10 @@ class InboxOff:
         with self._inner.transaction() as tx:
             yield _NoClaim(tx)
 
+    def known(self, ids: Collection[str]) -> set[str]:
+        """None: without an inbox nothing is recorded."""
+        return set()
+
     def close(self) -> None:
         """Close the real store."""
         self._inner.close()
