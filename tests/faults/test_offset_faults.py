@@ -20,71 +20,25 @@ suppressed.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 
 import psycopg
 from click.testing import CliRunner
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from kinbox.cli.main import main
 from tests.support.fault_run import Run
+from tests.support.group_moves import (
+    apply_all,
+    delete_group,
+    move_offsets,
+    publish_more,
+    set_offsets,
+)
 from tests.support.invariants import check_invariants, effect_counts, offsets_behind_database
-from tests.support.records import Produced, committed, produce
+from tests.support.records import committed
 from tests.support.scenario import scenario
 from tests.support.waiting import wait_for
 from tests.support.workers import drain, read_deliveries
-
-
-def _move(run: Run, action: Callable[[AdminClient], None]) -> None:
-    """Do ``action`` to the stopped group (retried while the broker still sees it leaving)."""
-    admin = AdminClient({"bootstrap.servers": run.bootstrap})
-
-    def done() -> bool:
-        try:
-            action(admin)
-        except KafkaException as exc:
-            # The group still has a member (leaving): not empty, or its member unknown to us.
-            if any(word in str(exc).lower() for word in ("not empty", "unknown member")):
-                return False
-            raise
-        return True
-
-    wait_for(done, 30, "the group to be empty", interval=0.5)
-
-
-def _set_offsets(run: Run, offsets: dict[int, int]) -> Callable[[AdminClient], None]:
-    def action(admin: AdminClient) -> None:
-        parts = [TopicPartition(run.topic, p, o) for p, o in offsets.items()]
-        request = ConsumerGroupTopicPartitions(run.group, parts)
-        for future in admin.alter_consumer_group_offsets([request]).values():
-            future.result(timeout=30)
-
-    return action
-
-
-def _delete_group(run: Run) -> Callable[[AdminClient], None]:
-    def action(admin: AdminClient) -> None:
-        for future in admin.delete_consumer_groups([run.group]).values():
-            future.result(timeout=30)
-
-    return action
-
-
-def _apply_all(run: Run) -> None:
-    """A worker applies everything produced so far, then stops cleanly."""
-    worker = run.factory.start("first")
-    run.wait_caught_up(worker)
-    assert worker.stop() == 0, worker.log_tail()
-
-
-def _more(run: Run, first: Produced, count: int, prefix: str) -> Produced:
-    """Publish ``count`` more events; the round's records are both batches from now on."""
-    later = produce(run.bootstrap, run.topic, count, run.partitions,
-                    prefix=f"{run.group}-{prefix}", rng=run.rng)  # fmt: skip
-    run.produced = Produced(run.topic, run.partitions, {**first.records, **later.records})
-    return run.produced
 
 
 @scenario(
@@ -94,17 +48,17 @@ def _more(run: Run, first: Produced, count: int, prefix: str) -> Produced:
 def test_offsets_moved_under_a_stopped_group_apply_nothing_twice(run: Run, move: str) -> None:
     first = run.produce(duplicates=run.rng.randint(0, 10))
     # Given a group that applied every event, and stopped
-    _apply_all(run)
+    apply_all(run)
     # When an operator moves its offsets
     ends = first.end_offsets()
     if move == "earliest":
-        _move(run, _set_offsets(run, dict.fromkeys(ends, 0)))
+        move_offsets(run, set_offsets(run, dict.fromkeys(ends, 0)))
     elif move == "deleted":
-        _move(run, _delete_group(run))
+        move_offsets(run, delete_group(run))
     else:
-        _move(run, _set_offsets(run, {p: e + 1000 for p, e in ends.items()}))
+        move_offsets(run, set_offsets(run, {p: e + 1000 for p, e in ends.items()}))
     # and more events are published before the group comes back
-    both = _more(run, first, run.rng.randint(20, 60), "later")
+    both = publish_more(run, first, run.rng.randint(20, 60), "later")
     # (Set past the end, the group's offsets claim the events published meanwhile
     # until the worker is back and resets them: the operator's doing, so invariant
     # 2 is checked only at the end there.)
@@ -130,7 +84,7 @@ def test_offsets_moved_under_a_stopped_group_apply_nothing_twice(run: Run, move:
 @scenario("23", "redelivery past inbox cleanup", fault="rows deleted, offsets reset")
 def test_only_events_older_than_the_cleanup_window_apply_again(run: Run) -> None:
     produced = run.produce()
-    _apply_all(run)
+    apply_all(run)
     # Given processed_events rows of which some are older than the window, some inside it
     ids = sorted(produced.ids)
     run.rng.shuffle(ids)
@@ -151,7 +105,7 @@ def test_only_events_older_than_the_cleanup_window_apply_again(run: Run) -> None
     assert cleaned.exit_code == 0, cleaned.output
     assert f"deleted {len(old)} processed_events row(s)" in cleaned.output, cleaned.output
     # and every record is delivered again (offsets reset: a replay past the retention)
-    _move(run, _set_offsets(run, dict.fromkeys(produced.end_offsets(), 0)))
+    move_offsets(run, set_offsets(run, dict.fromkeys(produced.end_offsets(), 0)))
     with run.sampling() as sampler:
         drain(run.factory, produced, name="replay")
     assert not sampler.violations(), sampler.violations()[:5]

@@ -25,9 +25,9 @@ from __future__ import annotations
 import signal
 
 from tests.support.fault_run import Run
+from tests.support.holds import held_env, holding, wait_holding
 from tests.support.invariants import effects_by_pid
 from tests.support.scenario import scenario
-from tests.support.waiting import wait_for
 from tests.support.workers import read_deliveries
 
 HELD = (1, 2)
@@ -50,36 +50,6 @@ def _held_ids(run: Run) -> list[str]:
     return out
 
 
-def _env(run: Run, held: list[str], sleep: float = 0.002) -> dict[str, str]:
-    return {
-        "KINBOX_POOL_SIZE": "3",  # every partition its own batch at once
-        "FAULT_SLEEP": str(sleep),
-        "FAULT_SLOW_IDS": ",".join(held),
-        "FAULT_SLOW_SECONDS": "40",  # a safety net: the gate opens, or the process dies, first
-        "FAULT_GATE": str(run.log_dir / "gate"),
-    }
-
-
-def _holds(run: Run, pid: int) -> tuple[set[str], set[str]]:
-    """The ids whose held call ``pid`` began, and those whose held call it ended."""
-    path = run.log_dir / f"deliveries-{pid}.log"
-    lines = path.read_text().splitlines() if path.exists() else []
-    marks = [line.split() for line in lines if line.startswith("w ")]
-    return {m[3] for m in marks if m[4] == "begin"}, {m[3] for m in marks if m[4] == "end"}
-
-
-def _wait_holding(run: Run, held: list[str], pid: int) -> None:
-    """Wait until ``pid`` holds a call of every id in ``held``."""
-    wait_for(lambda: _holds(run, pid)[0] == set(held), 60, f"holds of {held}")
-    _holding(run, held, pid)
-
-
-def _holding(run: Run, held: list[str], pid: int) -> None:
-    """Assert that ``pid``'s held calls all began and none has ended."""
-    began, ended = _holds(run, pid)
-    assert began == set(held) and not ended, (began, ended)
-
-
 @scenario(
     "26a", "crash with batches in flight {case}", fault="SIGKILL at {case} COMMIT, 2 others open",
     cases={
@@ -99,13 +69,13 @@ def test_sigkill_with_two_batches_in_flight(run: Run, point: str) -> None:
         # each on its own connection, while partition 0 goes on committing
         victim = run.factory.start(
             # 10 ms an event: the held batches have begun long before the kill
-            "victim", env=_env(run, held, 0.01), failpoints=f"{point}=kill@{nth}",
+            "victim", env=held_env(run, held, 0.01), failpoints=f"{point}=kill@{nth}",
             batch_max_messages=run.rng.choice([10, 20]),
         )  # fmt: skip
         # When it is SIGKILLed at one of partition 0's COMMITs
         assert victim.wait(60) == -signal.SIGKILL, victim.log_tail()
     # Then the held batches were in flight at the crash ...
-    _holding(run, held, victim.pid)
+    holding(run, held, victim.pid)
     # ... and a clean worker ends with every event applied once, in order
     outcome = run.finish()
     if point == "after_db_commit":
@@ -132,11 +102,11 @@ def test_rebalance_with_batches_in_flight_and_commits_on_their_way(run: Run, pro
     with run.sampling():
         # Given a member with batches held on partitions 1 and 2 while
         # partition 0 commits batch after batch, asynchronously
-        first = run.factory.start("first", env=_env(run, held, 0.02), kafka=kafka,
+        first = run.factory.start("first", env=held_env(run, held, 0.02), kafka=kafka,
                                   batch_max_messages=10)  # fmt: skip
-        _wait_holding(run, held, first.pid)
+        wait_holding(run, held, first.pid)
         # When a second member joins, and the held batches end during the revoke
-        joiner = run.factory.start("joiner", env=_env(run, [], 0.02), kafka=kafka)
+        joiner = run.factory.start("joiner", env=held_env(run, [], 0.02), kafka=kafka)
         first.wait_log(r"revoked \[\(")
         (run.log_dir / "gate").touch()
         # Then both members finish the stream
