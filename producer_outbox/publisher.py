@@ -371,7 +371,7 @@ class KafkaPublisher:
                     record.topic,
                     value=record.value,
                     key=record.key,
-                    headers=list(record.headers),
+                    headers=record.headers,
                     on_delivery=callback,
                 )
                 return
