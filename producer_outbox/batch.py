@@ -32,7 +32,6 @@ silent.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -82,7 +81,7 @@ def publish(
 class Settlement:
     """What a published batch comes to (see the module docstring)."""
 
-    sent: list[uuid.UUID] = field(default_factory=list)
+    sent: list[str] = field(default_factory=list)
     failed: list[Failure] = field(default_factory=list)
     topics: dict[str, str] = field(default_factory=dict)
     """Failing topic -> the error Kafka gave."""

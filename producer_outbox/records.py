@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any, NamedTuple
 
 from producer_outbox.trace_context import headers as trace_headers
@@ -20,7 +19,8 @@ class OutboxRow(NamedTuple):
     ``object.__setattr__`` per field) was an eighth of the relay's Python time.
     """
 
-    id: uuid.UUID
+    id: str
+    """The row's id (a uuid) in its text form: the record's ``event-id``."""
     seq: int
     topic: str
     key: str | None
@@ -71,7 +71,7 @@ def to_record(row: OutboxRow, *, source: str | None = None) -> Record:
     / ``tracestate`` (a relay that traces replaces them with its own span's:
     :mod:`producer_outbox.telemetry`).
     """
-    event_id = str(row.id).encode()
+    event_id = row.id.encode()
     headers: list[tuple[str, bytes]] = [("event-id", event_id)]
     if row.event_type is not None:
         headers += [
@@ -92,4 +92,4 @@ def to_record(row: OutboxRow, *, source: str | None = None) -> Record:
 
 def describe(row: OutboxRow) -> str:
     """Describe a row for logs, briefly of a row (never its payload)."""
-    return json.dumps({"id": str(row.id), "seq": row.seq, "topic": row.topic, "key": row.key})
+    return json.dumps({"id": row.id, "seq": row.seq, "topic": row.topic, "key": row.key})

@@ -135,7 +135,7 @@ class RelayTelemetry:
             sc.OPERATION_TYPE: sc.SEND,
             sc.OPERATION_NAME: sc.SEND,
             sc.DESTINATION: row.topic,
-            sc.MESSAGE_ID: str(row.id),
+            sc.MESSAGE_ID: row.id,
         }
         if row.key is not None:
             attributes[sc.MESSAGE_KEY] = row.key

@@ -18,7 +18,7 @@ TIMEOUT = Outcome("_MSG_TIMED_OUT: timed out", outage=True)
 
 
 def _row(key: str | None = "k", attempts: int = 0, topic: str = "t") -> OutboxRow:
-    return OutboxRow(uuid.uuid4(), 1, topic, key, None, b"{}", {}, attempts)
+    return OutboxRow(str(uuid.uuid4()), 1, topic, key, None, b"{}", {}, attempts)
 
 
 def test_own_failures_count_and_park_on_the_last_attempt() -> None:
@@ -100,7 +100,7 @@ class _Script:
 
 
 def _named(name: str, key: str | None, attempts: int = 0) -> OutboxRow:
-    return OutboxRow(uuid.uuid4(), 1, "t", key, None, name.encode(), {}, attempts)
+    return OutboxRow(str(uuid.uuid4()), 1, "t", key, None, name.encode(), {}, attempts)
 
 
 def test_a_row_that_failed_before_is_published_alone_and_its_failure_holds_its_key() -> None:

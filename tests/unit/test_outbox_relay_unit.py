@@ -19,7 +19,7 @@ from producer_outbox.relay import Relay
 def _row(
     attempts: int = 0, key: str | None = "k", event_type: str | None = None, topic: str = "t"
 ) -> OutboxRow:
-    return OutboxRow(uuid.uuid4(), 1, topic, key, event_type, b"{}", {"h": "v"}, attempts)
+    return OutboxRow(str(uuid.uuid4()), 1, topic, key, event_type, b"{}", {"h": "v"}, attempts)
 
 
 def test_backoff_is_exponential_and_capped() -> None:
@@ -50,7 +50,7 @@ def test_record_has_event_id_cloudevents_and_stored_headers() -> None:
     row = _row(event_type="lesson.completed")
     record = to_record(row)
     headers = dict(record.headers)
-    assert headers["event-id"] == headers["ce_id"] == str(row.id).encode()
+    assert headers["event-id"] == headers["ce_id"] == row.id.encode()
     assert headers["ce_type"] == b"lesson.completed"
     assert headers["ce_source"] == b"/t" and headers["ce_specversion"] == b"1.0"
     assert headers["h"] == b"v" and record.key == b"k"

@@ -47,9 +47,8 @@ class Publisher:
 
 
 def row(topic: str = "t", traceparent: str | None = TRACEPARENT, key: str = "k") -> OutboxRow:
-    return OutboxRow(
-        uuid.uuid4(), 1, topic, key, None, b"{}", {}, 0, traceparent, "v=1" if traceparent else None
-    )
+    state = "v=1" if traceparent else None
+    return OutboxRow(str(uuid.uuid4()), 1, topic, key, None, b"{}", {}, 0, traceparent, state)
 
 
 def traceparent_of(context: trace.SpanContext) -> str:
