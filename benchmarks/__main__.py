@@ -52,7 +52,7 @@ def stack(*, cdc: bool) -> Iterator[Target]:
             cleanup.callback(postgres.close)
             url = postgres.start().url
         if not bootstrap:
-            kafka = KafkaBroker(full_jit=os.environ.get("X_JIT") == "1")
+            kafka = KafkaBroker()
             cleanup.callback(kafka.close)
             bootstrap, version = kafka.start().bootstrap_servers, kafka.version
         connect_url = None

@@ -62,11 +62,6 @@ class KafkaBroker(LocalService):
         cluster_id: the id its storage is formatted with (every node of one
             cluster shares it); a fresh one by default.
         heap: the JVM's largest heap (``-Xmx``).
-        full_jit: compile hot code with the JVM's optimising compiler (C2),
-            as a production broker does: the benchmarks want the broker's
-            CPU per record to be a real broker's. Off, the JVM stops at its
-            quick compiler (C1), which starts the broker sooner and costs
-            more CPU per record: right for tests and ``kinbox dev``.
     """
 
     def __init__(
@@ -79,7 +74,6 @@ class KafkaBroker(LocalService):
         voters: str | None = None,
         cluster_id: str | None = None,
         heap: str = "768m",
-        full_jit: bool = False,
     ) -> None:
         self.classpath, self.version = broker_classpath()
         self.node_id = node_id
@@ -94,8 +88,7 @@ class KafkaBroker(LocalService):
         log_config = self._base / "log4j2.xml"
         log_config.write_text(_LOG4J2_XML)
         self._jvm = [
-            "java", "-Xms256m", f"-Xmx{heap}", "-XX:+UseG1GC",
-            *([] if full_jit else ["-XX:TieredStopAtLevel=1"]),
+            "java", "-Xms256m", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",
             "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log_config}",
             "-cp", self.classpath,
         ]  # fmt: skip
