@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from kinbox.bench import report
 from kinbox.bench.command import EXIT_FAILED, EXIT_INTERRUPTED, execute
@@ -89,6 +90,7 @@ def test_quick_mode_runs_and_checks_every_contender_in_every_scenario(
     # too slow for the offered load sits out the latency run, and only a storm over
     # before its membership changes goes untimed; each says so.
     assert NO_CONNECT in outcome.skipped
+    assert outcome.notes["checkpoint"] == "before each scenario, after the preload"
     latency_notes = [s for s in outcome.skipped if s.startswith("latency · ")]
     saturated = {s.split(":")[0].split(" · ")[1] for s in latency_notes}
     assert all("cannot take" in s for s in latency_notes)
@@ -158,6 +160,40 @@ def test_quick_mode_runs_and_checks_every_contender_in_every_scenario(
 
 
 @pytest.mark.timeout(300)
+def test_a_user_who_may_not_checkpoint_gets_the_runs_and_a_note_saying_so(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given a database user with CREATE on the database, but no right to CHECKPOINT
+    role = f"kbt_user_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(
+            sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
+                sql.Identifier(conn.info.dbname), sql.Identifier(role)
+            )
+        )
+    target = _target(stack)
+    target = Target(
+        target.bootstrap_servers, make_conninfo(stack.database_url, user=role), target.prefix
+    )
+    clean = [c for c in SCENARIOS if c.name == "clean"]
+    batch = [c for c in CONTENDERS if c.name == "kinbox-batch"]
+    harness = Harness(target, Sizes.quick(), clean, batch, log_dir=tmp_path, stream_bar=False)
+    try:
+        # When it runs a scenario
+        outcome = harness.run()
+    finally:
+        harness.cleanup()
+        with psycopg.connect(stack.database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    # Then the run is timed and checked all the same, and the notes say why no
+    # checkpoint came before it
+    assert not outcome.failures and [r.ok for r in outcome.results] == [True]
+    note = str(outcome.notes["checkpoint"])
+    assert note.startswith("not run: ") and "CHECKPOINT" in note, note
+
+
 def test_wrong_effects_fail_the_check_and_are_never_a_figure(stack: Stack, tmp_path: Path) -> None:
     # Given two contenders that promise exactly once and break it: one applies
     # producer duplicates again (no claim), one silently drops events.
