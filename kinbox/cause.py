@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,11 +43,25 @@ def current() -> Cause | None:
 @contextmanager
 def handling(consumer: str, event_id: str | None) -> Iterator[None]:
     """Set the cause for the block (kinbox calls it around each handler call)."""
-    token = _CURRENT.set(Cause(consumer, event_id))
+    token = enter(consumer, event_id)
     try:
         yield
     finally:
-        _CURRENT.reset(token)
+        leave(token)
+
+
+def enter(consumer: str, event_id: str | None) -> Token[Cause | None]:
+    """Set the cause; :func:`leave` with the token restores the one before.
+
+    :func:`handling` without its generator, for the per-event dispatcher,
+    which sets a cause around every handler call.
+    """
+    return _CURRENT.set(Cause(consumer, event_id))
+
+
+def leave(token: Token[Cause | None]) -> None:
+    """Restore the cause :func:`enter` replaced."""
+    _CURRENT.reset(token)
 
 
 @contextmanager

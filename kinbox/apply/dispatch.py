@@ -198,8 +198,12 @@ class _Calls:
     # The cause is set here, around the middleware too, so whatever a layer
     # or the handler enqueues is linked to the event (a ContextVar: no I/O).
     def around_event(self, event: Event, call: Callable[[Event], object]) -> object:
-        with cause.handling(self._dispatcher.consumer, event.id):
+        # cause.handling without its generator: this runs once per event.
+        token = cause.enter(self._dispatcher.consumer, event.id)
+        try:
             return self._dispatcher.chain.around_event(event, call)
+        finally:
+            cause.leave(token)
 
     def around_events(
         self, events: Sequence[Event], call: Callable[[Sequence[Event]], object]

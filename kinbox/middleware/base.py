@@ -190,7 +190,10 @@ class Chain:
 
     def around_event(self, event: Event, call: Callable[[Event], object]) -> object:
         """``call(event)`` inside every ``around_event``, the first registered outermost."""
-        for layer in reversed(self._event_layers):
+        layers = self._event_layers
+        if len(layers) == 1:  # the usual chain (telemetry alone): no wrapper per call
+            return layers[0](event, call)
+        for layer in reversed(layers):
             call = _wrap(layer, call)
         return call(event)
 

@@ -14,7 +14,8 @@ non-ASCII character escaped when the database's encoding is not UTF8.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from types import TracebackType
 from typing import Any
 
 import psycopg
@@ -197,6 +198,7 @@ class _PostgresTransaction:
         self._conn = conn
         self._consumer = consumer
         self._store = store
+        self._unguarded = _Unguarded(self)
 
     @property
     def connection(self) -> Any:
@@ -268,15 +270,10 @@ class _PostgresTransaction:
         except psycopg.Error as exc:
             raise translate(exc, own=False) from exc
 
-    @contextmanager
-    def unguarded(self) -> Iterator[None]:
-        try:
-            yield
-        except psycopg.Error as exc:
-            raise translate(exc, own=False) from exc
-        # Without a savepoint, the next handler's first statement would fail
-        # and take the blame.
-        self._raise_if_aborted()
+    def unguarded(self) -> AbstractContextManager[None]:
+        # One object per transaction, not a generator per call: the optimistic
+        # pass enters it once per event.
+        return self._unguarded
 
     @contextmanager
     def pipelined(self) -> Iterator[Callable[[], bool]]:
@@ -307,6 +304,31 @@ class _PostgresTransaction:
 
     def outage(self, exc: BaseException) -> StoreError | None:
         return transient_cause(exc)
+
+
+class _Unguarded:
+    """:meth:`_PostgresTransaction.unguarded`'s block (stateless, so one serves every call)."""
+
+    __slots__ = ("_tx",)
+
+    def __init__(self, tx: _PostgresTransaction) -> None:
+        self._tx = tx
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, psycopg.Error):
+            raise translate(exc, own=False) from exc
+        if exc is None:
+            # Without a savepoint, the next handler's first statement would
+            # fail and take the blame.
+            self._tx._raise_if_aborted()
 
 
 def apply_migrations(
