@@ -198,7 +198,7 @@ class _PostgresTransaction:
         self._conn = conn
         self._consumer = consumer
         self._store = store
-        self._unguarded = _Unguarded(self)
+        self._unguarded = _Unguarded(conn)
 
     @property
     def connection(self) -> Any:
@@ -285,7 +285,7 @@ class _PostgresTransaction:
                         pipeline.sync()
                     except psycopg.Error:
                         return False
-                    return not self._aborted()
+                    return not _aborted(self._conn)
 
                 yield settle
         except psycopg.Error as exc:
@@ -294,25 +294,27 @@ class _PostgresTransaction:
 
     def _raise_if_aborted(self) -> None:
         """Blame the handler that returned normally but left the transaction aborted."""
-        if self._aborted():
+        if _aborted(self._conn):
             raise left_aborted()
-
-    def _aborted(self) -> bool:
-        # libpq tracks the status locally: no round trip (and through pgconn,
-        # not conn.info, which builds an object per call: this runs per event).
-        return self._conn.pgconn.transaction_status == _INERROR
 
     def outage(self, exc: BaseException) -> StoreError | None:
         return transient_cause(exc)
 
 
+def _aborted(conn: psycopg.Connection[Any]) -> bool:
+    """Whether ``conn``'s transaction is aborted (a statement in it failed)."""
+    # libpq tracks the status locally: no round trip (and through pgconn,
+    # not conn.info, which builds an object per call: this runs per event).
+    return conn.pgconn.transaction_status == _INERROR
+
+
 class _Unguarded:
     """:meth:`_PostgresTransaction.unguarded`'s block (stateless, so one serves every call)."""
 
-    __slots__ = ("_tx",)
+    __slots__ = ("_conn",)
 
-    def __init__(self, tx: _PostgresTransaction) -> None:
-        self._tx = tx
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn  # not the transaction: no reference cycle per batch
 
     def __enter__(self) -> None:
         return None
@@ -325,10 +327,10 @@ class _Unguarded:
     ) -> None:
         if isinstance(exc, psycopg.Error):
             raise translate(exc, own=False) from exc
-        if exc is None:
-            # Without a savepoint, the next handler's first statement would
-            # fail and take the blame.
-            self._tx._raise_if_aborted()
+        # Without a savepoint, the next handler's first statement would fail
+        # and take the blame.
+        if exc is None and _aborted(self._conn):
+            raise left_aborted()
 
 
 def apply_migrations(
