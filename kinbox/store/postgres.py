@@ -266,7 +266,7 @@ class _PostgresTransaction:
                 # transaction aborted: every later savepoint would fail too, and
                 # the next events would be blamed. Raising inside the block makes
                 # psycopg roll back to the savepoint instead.
-                self._raise_if_aborted()
+                _raise_if_aborted(self._conn)
         except psycopg.Error as exc:
             raise translate(exc, own=False) from exc
 
@@ -290,12 +290,7 @@ class _PostgresTransaction:
                 yield settle
         except psycopg.Error as exc:
             raise translate(exc, own=False) from exc
-        self._raise_if_aborted()
-
-    def _raise_if_aborted(self) -> None:
-        """Blame the handler that returned normally but left the transaction aborted."""
-        if _aborted(self._conn):
-            raise left_aborted()
+        _raise_if_aborted(self._conn)
 
     def outage(self, exc: BaseException) -> StoreError | None:
         return transient_cause(exc)
@@ -306,6 +301,12 @@ def _aborted(conn: psycopg.Connection[Any]) -> bool:
     # libpq tracks the status locally: no round trip (and through pgconn,
     # not conn.info, which builds an object per call: this runs per event).
     return conn.pgconn.transaction_status == _INERROR
+
+
+def _raise_if_aborted(conn: psycopg.Connection[Any]) -> None:
+    """Blame the handler that returned normally but left the transaction aborted."""
+    if _aborted(conn):
+        raise left_aborted()
 
 
 class _Unguarded:
@@ -327,10 +328,10 @@ class _Unguarded:
     ) -> None:
         if isinstance(exc, psycopg.Error):
             raise translate(exc, own=False) from exc
-        # Without a savepoint, the next handler's first statement would fail
-        # and take the blame.
-        if exc is None and _aborted(self._conn):
-            raise left_aborted()
+        if exc is None:
+            # Without a savepoint, the next handler's first statement would
+            # fail and take the blame.
+            _raise_if_aborted(self._conn)
 
 
 def apply_migrations(
