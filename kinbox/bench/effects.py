@@ -157,16 +157,25 @@ def clock_offset(conn: psycopg.Connection[Any], samples: int = 7) -> float:
 
 @dataclass(frozen=True)
 class Latency:
-    """Produce → effect committed, in milliseconds."""
+    """Produce → effect committed, in milliseconds; and broker append → committed, if known."""
 
     p50: float
     p99: float
     samples: int
     method: str
+    append_p50: float | None = None
+    """From the broker's append to the commit (the consumer's leg), if append times were given."""
+    append_p99: float | None = None
+    append_samples: int = 0
 
 
 def latency(
-    conn: psycopg.Connection[Any], schema: str, table: str, *, skip_before: float
+    conn: psycopg.Connection[Any],
+    schema: str,
+    table: str,
+    *,
+    skip_before: float,
+    appended: Mapping[tuple[int, int], float] | None = None,
 ) -> Latency:
     """Latency of the effects of events produced at ``skip_before`` or later (after warm-up).
 
@@ -175,25 +184,44 @@ def latency(
     the row's ``clock_timestamp()`` at insert, a lower bound that misses the
     rest of the batch and the COMMIT's fsync (the report says which). Server
     times are moved onto this machine's clock with :func:`clock_offset`.
+
+    ``appended`` (``(partition, offset) →`` the broker's append time, see
+    :func:`kinbox.bench.workload.produce`) splits off the producer's leg:
+    the ``append_*`` figures run from the broker's append. The broker's
+    clock is taken as this machine's (true of a local stack; against a
+    remote cluster they are off by the clocks' skew).
     """
     exact = commit_time_available(conn)
     when = "pg_xact_commit_timestamp(xmin)" if exact else "applied_at"
     rows = conn.execute(
-        sql.SQL("SELECT extract(epoch FROM {})::float8 - sent_at FROM {}.{} WHERE sent_at >= %s")
-        .format(sql.SQL(when), sql.Identifier(schema), sql.Identifier(table)),
+        sql.SQL(
+            'SELECT partition, "offset", sent_at, extract(epoch FROM {})::float8'
+            " FROM {}.{} WHERE sent_at >= %s"
+        ).format(sql.SQL(when), sql.Identifier(schema), sql.Identifier(table)),
         (skip_before,),
-    ).fetchall()  # fmt: skip
+    ).fetchall()
     offset = clock_offset(conn)
-    values = sorted(1000 * (float(r[0]) - offset) for r in rows)
+    committed = [(int(p), int(o), float(sent), float(at) - offset) for p, o, sent, at in rows]
+    values = [1000 * (at - sent) for _, _, sent, at in committed]
     if len(values) < 2:
         raise CheckFailed(f"latency: only {len(values)} effects after the warm-up")
-    cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return Latency(
-        cuts[49],
-        cuts[98],
-        len(values),
-        "commit timestamp" if exact else "insert time (lower bound)",
-    )
+    p50, p99 = _percentiles(values)
+    method = "commit timestamp" if exact else "insert time (lower bound)"
+    legs = [
+        1000 * (at - appended[(p, o)])
+        for p, o, _, at in committed
+        if appended is not None and (p, o) in appended
+    ]
+    if len(legs) < 2:
+        return Latency(p50, p99, len(values), method)
+    a50, a99 = _percentiles(legs)
+    return Latency(p50, p99, len(values), method, a50, a99, len(legs))
+
+
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    """The median and the 99th percentile of ``values`` (at least two)."""
+    cuts = statistics.quantiles(sorted(values), n=100, method="inclusive")
+    return cuts[49], cuts[98]
 
 
 def gap(frontier_: Mapping[int, int], committed: Mapping[int, int]) -> int:

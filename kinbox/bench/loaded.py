@@ -91,7 +91,12 @@ def latency(ctx: Context, job: Job) -> RunResult:
     """Offer ``latency_rate`` events/s to a running member; produce → effect committed."""
     sizes = ctx.sizes
     prepare(ctx, job)
-    topic = ctx.namespace.create_topic(job.stage.topic)
+    # The broker stamps each record with its append time, which the producer's
+    # acknowledgements return: the latency splits at the broker into the
+    # producer's leg and the consumer's (the contender's own).
+    topic = ctx.namespace.create_topic(
+        job.stage.topic, config={"message.timestamp.type": "LogAppendTime"}
+    )
     result = job.result()
     spec = ctx.spec(job.contender, job.group, topic, job.schema, job.table)
     child = ctx.start(spec, job.name)
@@ -101,7 +106,10 @@ def latency(ctx: Context, job: Job) -> RunResult:
     # The warm-up (a freshly started stack's cold broker and caches, the
     # member's first fetches and connections) gets the same load, unmeasured.
     warm_until = time.time() + sizes.latency_warmup
-    ends = workload.produce(ctx.target, topic, work, rate=sizes.latency_rate, linger_ms=0)
+    appended: dict[tuple[int, int], float] = {}
+    ends = workload.produce(
+        ctx.target, topic, work, rate=sizes.latency_rate, linger_ms=0, appended=appended
+    )
     staged = Job(
         job.scenario, job.contender, job.rep,
         Stage(topic, ends, work.distinct, work.deliveries), job.schema, job.group,
@@ -114,8 +122,13 @@ def latency(ctx: Context, job: Job) -> RunResult:
         progress.close()
     result.peak_rss = child.peak_rss
     with ctx.connect() as conn:
-        measured = effects.latency(conn, job.schema, job.table, skip_before=warm_until)
+        measured = effects.latency(
+            conn, job.schema, job.table, skip_before=warm_until, appended=appended
+        )
     result.p50_ms, result.p99_ms = measured.p50, measured.p99
+    if measured.append_samples:
+        result.notes["from_append_p50_ms"] = measured.append_p50
+        result.notes["from_append_p99_ms"] = measured.append_p99
     result.latency_method = measured.method
     result.notes["offered_per_s"] = sizes.latency_rate
     result.notes["warmup_s"] = sizes.latency_warmup

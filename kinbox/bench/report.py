@@ -102,6 +102,10 @@ def headline(summaries: Sequence[Summary]) -> dict[str, float | None]:
         found = find(summaries, scenario, contender)
         return getattr(found, attr) if found is not None and found.ok else None
 
+    def note(scenario: str, contender: str, key: str) -> Any:
+        found = find(summaries, scenario, contender)
+        return found.notes.get(key) if found is not None and found.ok else None
+
     rss = [s.peak_rss for s in summaries if s.ok and s.contender.startswith("kinbox")]
     return {
         "batch_vs_ceiling": ratio(rate("clean", "kinbox-batch"), rate("clean", "ceiling")),
@@ -117,6 +121,11 @@ def headline(summaries: Sequence[Summary]) -> dict[str, float | None]:
         "batch_latency_p99_ms": get("latency", "kinbox-batch", "p99_ms"),
         "each_latency_p50_ms": get("latency", "kinbox-each", "p50_ms"),
         "each_latency_p99_ms": get("latency", "kinbox-each", "p99_ms"),
+        # The same from the broker's append: the consumer's leg alone.
+        "batch_from_append_p50_ms": note("latency", "kinbox-batch", "from_append_p50_ms"),
+        "batch_from_append_p99_ms": note("latency", "kinbox-batch", "from_append_p99_ms"),
+        "each_from_append_p50_ms": note("latency", "kinbox-each", "from_append_p50_ms"),
+        "each_from_append_p99_ms": note("latency", "kinbox-each", "from_append_p99_ms"),
         "relay_backlog_rows_per_s": rate("outbox", "relay-backlog"),
         "notify_p50_ms": get("outbox", "relay-notify", "p50_ms"),
         "notify_p99_ms": get("outbox", "relay-notify", "p99_ms"),

@@ -9,7 +9,10 @@ a few records (inside one poll batch), half thousands of records later
 first-occurrence filter and the claim against committed rows.
 
 Every payload carries ``sentAt``, the producer's wall clock when the record
-was handed to the client: the latency scenario measures from it.
+was handed to the client: the latency scenario measures from it. On a topic
+whose timestamps are the broker's (``message.timestamp.type=LogAppendTime``)
+the acknowledgements also tell when the broker appended each record, which
+splits that latency into the producer's leg and the consumer's.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka import Consumer as _Consumer
-from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 
 from kinbox.bench.spec import Target
 from kinbox.errors import KinboxError
@@ -87,12 +90,20 @@ def payload(index: int, pad: int) -> dict[str, Any]:
 
 
 class _Acks:
-    def __init__(self) -> None:
+    def __init__(self, appended: dict[tuple[int, int], float] | None = None) -> None:
         self.errors: list[str] = []
+        self._appended = appended
 
-    def __call__(self, err: KafkaError | None, _msg: Message) -> None:
+    def __call__(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             self.errors.append(err.str())
+            return
+        if self._appended is not None:
+            kind, ms = msg.timestamp()
+            if kind == TIMESTAMP_LOG_APPEND_TIME:
+                partition, offset = msg.partition(), msg.offset()
+                assert partition is not None and offset is not None  # acknowledged
+                self._appended[(partition, offset)] = ms / 1000
 
 
 def produce(
@@ -102,6 +113,7 @@ def produce(
     *,
     rate: float | None = None,
     linger_ms: int = 20,
+    appended: dict[tuple[int, int], float] | None = None,
 ) -> dict[int, int]:
     """Produce ``work`` to ``topic``; return the end offset of each partition.
 
@@ -113,6 +125,10 @@ def produce(
             produces as fast as the client takes them.
         linger_ms: the producer's batching delay (0 for latency: the
             benchmark measures the consumer, not the producer's batching).
+        appended: filled with ``(partition, offset) → seconds since the
+            epoch`` the broker appended each record at, on the broker's
+            clock, when ``topic``'s timestamps are the broker's
+            (``LogAppendTime``); left empty otherwise.
 
     Raises:
         KinboxError: a record was not acknowledged.
@@ -126,7 +142,7 @@ def produce(
         "log.connection.close": False,
     }
     producer = Producer(config)
-    acks = _Acks()
+    acks = _Acks(appended)
     start = time.time()
     for n, index in enumerate(work.order):
         if rate:
