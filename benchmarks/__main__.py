@@ -3,8 +3,10 @@
 Starts Apache Kafka and PostgreSQL through :mod:`kinbox.devstack` — PostgreSQL
 with ``fsync`` on (every figure is for durable commits) and
 ``track_commit_timestamp`` on (the latency scenario reads each effect's real
-commit time) — and runs exactly what ``kinbox bench`` runs against a team's
-own cluster (:mod:`kinbox.bench`). When the outbox scenario runs, a Kafka
+commit time), and Kafka with the JVM's optimising compiler, warmed for two
+minutes first (:mod:`benchmarks.warmup`; ``--quick`` does neither) — and
+runs exactly what ``kinbox bench`` runs against a team's own cluster
+(:mod:`kinbox.bench`). When the outbox scenario runs, a Kafka
 Connect worker with Debezium joins them (the launcher of ``kinbox dev --cdc``;
 PostgreSQL runs with ``wal_level=logical``), for the CDC contender;
 ``--no-cdc`` leaves it out. ``KINBOX_TEST_BOOTSTRAP`` /
@@ -25,6 +27,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from benchmarks import warmup
 from kinbox.bench.command import execute, new_prefix, select
 from kinbox.bench.contenders import CONTENDERS
 from kinbox.bench.scenarios import SCENARIOS
@@ -37,11 +40,14 @@ RESULTS = Path(__file__).parent / "results"
 
 
 @contextmanager
-def stack(*, cdc: bool) -> Iterator[Target]:
+def stack(*, cdc: bool, steady: bool = True) -> Iterator[Target]:
     """The local Kafka and PostgreSQL (or the external ones named in the environment).
 
     ``cdc``: also a Kafka Connect worker with Debezium, started exactly as
     ``kinbox dev --cdc`` starts it, for the outbox scenario's CDC contender.
+    ``steady``: a broker measured in its steady state — the optimising
+    compiler, warmed up first; ``False`` (``--quick``) starts the tests'
+    broker, quick to start and quick to finish.
     """
     with ExitStack() as cleanup:
         bootstrap = os.environ.get(EXTERNAL_KAFKA_ENV)
@@ -52,9 +58,14 @@ def stack(*, cdc: bool) -> Iterator[Target]:
             cleanup.callback(postgres.close)
             url = postgres.start().url
         if not bootstrap:
-            kafka = KafkaBroker()
+            # The optimising compiler, as a production broker runs, warmed
+            # before the first run so that no contender pays for its compiling.
+            kafka = KafkaBroker(quick_jit=not steady)
             cleanup.callback(kafka.close)
             bootstrap, version = kafka.start().bootstrap_servers, kafka.version
+            if steady:
+                print("warming the broker up ", file=sys.stderr, end="", flush=True)
+                warmup.warm(bootstrap)
         connect_url = None
         if cdc:
             print("starting Kafka Connect with Debezium ...", file=sys.stderr)
@@ -90,7 +101,7 @@ def main() -> None:
         sizes = replace(sizes, outbox_rows=args.outbox_rows)
     scenarios, contenders = select(args.scenario or (), args.contender or ())
     cdc = not args.no_cdc and any(s.kind == "outbox" for s in scenarios)
-    with stack(cdc=cdc) as target:
+    with stack(cdc=cdc, steady=not args.quick) as target:
         status = execute(target, sizes, scenarios, contenders, out_dir=args.out)
     sys.exit(status)
 

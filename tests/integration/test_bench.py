@@ -322,3 +322,19 @@ def test_interrupted_preload_is_cancelled_on_the_server(stack: Stack, tmp_path: 
     output = _interrupt(proc, signal.SIGINT, log)
     assert "error ignored in rollback" not in output
     assert _leftovers(stack, prefix) == []
+
+
+def test_the_warm_up_consumes_all_it_produced_and_leaves_no_topic(stack: Stack) -> None:
+    from benchmarks.warmup import warm
+
+    moved = warm(stack.bootstrap_servers, seconds=0.5)
+    # A round produces 5,200 records and consumes them all before the next.
+    assert moved >= 5_200 and moved % 5_200 == 0, moved
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    deadline = time.monotonic() + 30
+    while True:
+        left = [t for t in admin.list_topics(timeout=10).topics if t.startswith("kinbox_warmup_")]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert left == []

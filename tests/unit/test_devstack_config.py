@@ -65,14 +65,18 @@ def test_kinbox_dev_brokers_reaches_the_launcher(monkeypatch: pytest.MonkeyPatch
     assert CliRunner().invoke(command.dev, ["--brokers", "0"]).exit_code == 2
 
 
-def test_a_cluster_node_joins_the_quorum_of_all_nodes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from kinbox.devstack.cluster import KafkaCluster, replication_settings
-
+@pytest.fixture
+def kafka_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A Kafka distribution of one empty jar: brokers are configured, none can run."""
     (tmp_path / "libs").mkdir()
     (tmp_path / "libs" / "kafka_2.13-4.1.1.jar").touch()
     monkeypatch.setenv("KAFKA_HOME", str(tmp_path))  # no jars resolved: nothing runs here
+    return tmp_path
+
+
+@pytest.mark.usefixtures("kafka_home")
+def test_a_cluster_node_joins_the_quorum_of_all_nodes() -> None:
+    from kinbox.devstack.cluster import KafkaCluster, replication_settings
 
     assert replication_settings(3)["min.insync.replicas"] == "2"
     assert replication_settings(3)["offsets.topic.replication.factor"] == "3"
@@ -85,3 +89,17 @@ def test_a_cluster_node_joins_the_quorum_of_all_nodes(
         assert len(cluster.bootstrap_servers.split(",")) == 3
     finally:
         cluster.close()
+
+
+@pytest.mark.usefixtures("kafka_home")
+def test_only_a_measured_broker_runs_the_optimising_compiler() -> None:
+    from kinbox.devstack.kafka import KafkaBroker
+
+    quick, steady = KafkaBroker(), KafkaBroker(quick_jit=False)
+    try:
+        assert "-XX:TieredStopAtLevel=1" in quick._jvm
+        assert not any(arg.startswith("-XX:TieredStopAtLevel") for arg in steady._jvm)
+        assert steady._jvm[:4] == quick._jvm[:4]  # the same heap and collector
+    finally:
+        quick.close()
+        steady.close()
