@@ -65,8 +65,8 @@ class KafkaBroker(LocalService):
         quick_jit: only the JVM's quick compiler (``-XX:TieredStopAtLevel=1``):
             a start-up of seconds, for tests and ``kinbox dev``. ``False`` lets
             the optimising compiler in too, as on a production broker: once
-            warm it serves the same requests with about half the CPU
-            (0.45–0.50 cores against 0.62–0.71 at 1k events/s in and out), but
+            warm it serves the same requests with about a third less CPU
+            (0.45-0.50 cores against 0.62-0.71 at 1k events/s in and out), but
             it compiles for a minute or two under load first — for a
             long-lived broker that is measured, as the benchmarks' is.
     """
