@@ -94,6 +94,15 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
+def _notes(group: Sequence[RunResult]) -> dict[str, Any]:
+    """The last run's notes, but a latency among them (``*_ms``) is the median, as p50/p99 are."""
+    notes = dict(group[-1].notes)
+    for key, value in notes.items():
+        if key.endswith("_ms") and isinstance(value, float | int):
+            notes[key] = _median([r.notes.get(key) for r in group])
+    return notes
+
+
 def summarise(runs: Sequence[RunResult]) -> list[Summary]:
     """One :class:`Summary` per (scenario, contender), in first-seen order, with ratios."""
     groups: dict[tuple[str, str], list[RunResult]] = {}
@@ -118,7 +127,7 @@ def summarise(runs: Sequence[RunResult]) -> list[Summary]:
                 duplicates_suppressed=last.duplicates_suppressed,
                 duplicates_applied=max(r.duplicates_applied for r in group),
                 effects=last.effects, records=last.records,
-                peak_rss=max(r.peak_rss for r in group), kills=last.kills, notes=last.notes,
+                peak_rss=max(r.peak_rss for r in group), kills=last.kills, notes=_notes(group),
             )
         )  # fmt: skip
     return _with_ratios(out)
