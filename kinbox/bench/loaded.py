@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from kinbox.bench import effects, workload
+from kinbox.bench import effects, machine, workload
 from kinbox.bench.context import Context
 from kinbox.bench.observe import Progress
 from kinbox.bench.results import RunResult
@@ -106,10 +106,16 @@ def latency(ctx: Context, job: Job) -> RunResult:
     # The warm-up (a freshly started stack's cold broker and caches, the
     # member's first fetches and connections) gets the same load, unmeasured.
     warm_until = time.time() + sizes.latency_warmup
+    # What the machine itself did in the measured window: a tail is partly its own.
+    probe = machine.Probe(warm_until, warm_until + sizes.latency_seconds)
     appended: dict[tuple[int, int], float] = {}
-    ends = workload.produce(
-        ctx.target, topic, work, rate=sizes.latency_rate, linger_ms=0, appended=appended
-    )
+    try:
+        ends = workload.produce(
+            ctx.target, topic, work, rate=sizes.latency_rate, linger_ms=0, appended=appended
+        )
+        host = probe.result()
+    finally:
+        probe.close()
     staged = Job(
         job.scenario, job.contender, job.rep,
         Stage(topic, ends, work.distinct, work.deliveries), job.schema, job.group,
@@ -129,6 +135,11 @@ def latency(ctx: Context, job: Job) -> RunResult:
     if measured.append_samples:
         result.notes["from_append_p50_ms"] = measured.append_p50
         result.notes["from_append_p99_ms"] = measured.append_p99
+    if host is not None:
+        result.notes["steal_pct"] = host.steal_pct
+        result.notes["wake_late_p50_ms"] = host.late_p50_ms
+        result.notes["wake_late_p99_ms"] = host.late_p99_ms
+        result.notes["wake_late_max_ms"] = host.late_max_ms
     result.latency_method = measured.method
     result.notes["offered_per_s"] = sizes.latency_rate
     result.notes["warmup_s"] = sizes.latency_warmup

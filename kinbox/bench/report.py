@@ -126,6 +126,11 @@ def headline(summaries: Sequence[Summary]) -> dict[str, float | None]:
         "batch_from_append_p99_ms": note("latency", "kinbox-batch", "from_append_p99_ms"),
         "each_from_append_p50_ms": note("latency", "kinbox-each", "from_append_p50_ms"),
         "each_from_append_p99_ms": note("latency", "kinbox-each", "from_append_p99_ms"),
+        # What the machine did in those windows: CPU its hypervisor took, late wake-ups.
+        "batch_latency_steal_pct": note("latency", "kinbox-batch", "steal_pct"),
+        "batch_latency_wake_late_p99_ms": note("latency", "kinbox-batch", "wake_late_p99_ms"),
+        "each_latency_steal_pct": note("latency", "kinbox-each", "steal_pct"),
+        "each_latency_wake_late_p99_ms": note("latency", "kinbox-each", "wake_late_p99_ms"),
         "relay_backlog_rows_per_s": rate("outbox", "relay-backlog"),
         "notify_p50_ms": get("outbox", "relay-notify", "p50_ms"),
         "notify_p99_ms": get("outbox", "relay-notify", "p99_ms"),

@@ -95,10 +95,13 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def _notes(group: Sequence[RunResult]) -> dict[str, Any]:
-    """The last run's notes, but a latency among them (``*_ms``) is the median, as p50/p99 are."""
+    """The last run's notes, but a measured figure among them is the median, as p50/p99 are.
+
+    Measured: a latency (``*_ms``) or a share of the machine (``*_pct``).
+    """
     notes = dict(group[-1].notes)
     for key, value in notes.items():
-        if key.endswith("_ms") and isinstance(value, float | int):
+        if key.endswith(("_ms", "_pct")) and isinstance(value, float | int):
             notes[key] = _median([r.notes.get(key) for r in group])
     return notes
 

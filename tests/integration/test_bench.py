@@ -152,6 +152,11 @@ def test_quick_mode_runs_and_checks_every_contender_in_every_scenario(
         # the whole (but for the append time's truncation to a millisecond).
         leg50, leg99 = latency.notes["from_append_p50_ms"], latency.notes["from_append_p99_ms"]
         assert leg50 <= latency.p50_ms + 1 and leg99 <= latency.p99_ms + 1, latency
+        # The machine probe watched the measured window from its own process.
+        notes = latency.notes
+        assert 0 <= notes["steal_pct"] <= 100, latency  # Linux: /proc/stat is there
+        assert 0 <= notes["wake_late_p50_ms"] <= notes["wake_late_p99_ms"], latency
+        assert notes["wake_late_p99_ms"] <= notes["wake_late_max_ms"], latency
     assert by[("outbox", "relay-backlog")].effects == sizes.outbox_rows
     assert by[("outbox", "relay-notify")].p50_ms is not None
 

@@ -111,16 +111,20 @@ def test_summary_is_the_median_with_its_spread_and_ratios() -> None:
 def test_the_latency_from_the_append_is_the_median_over_the_runs_as_the_whole_is() -> None:
     runs = [
         RunResult("latency", "kinbox-each", rep, p50_ms=p50, p99_ms=p99,
-                  notes={"from_append_p50_ms": a50, "from_append_p99_ms": a99, "samples": rep})
-        for rep, (p50, p99, a50, a99) in enumerate(
-            [(6.0, 50.0, 5.0, 45.0), (5.0, 40.0, 4.0, 30.0), (9.0, 90.0, 8.0, 80.0)]
+                  notes={"from_append_p50_ms": a50, "from_append_p99_ms": a99,
+                         "steal_pct": steal, "samples": rep})
+        for rep, (p50, p99, a50, a99, steal) in enumerate(
+            [(6.0, 50.0, 5.0, 45.0, 3.0), (5.0, 40.0, 4.0, 30.0, 1.0), (9.0, 90.0, 8.0, 80.0, 9.0)]
         )
     ]  # fmt: skip
     (summary,) = summarise(runs)
     assert (summary.p50_ms, summary.p99_ms) == (6.0, 50.0)
-    assert summary.notes == {"from_append_p50_ms": 5.0, "from_append_p99_ms": 45.0, "samples": 2}
+    assert summary.notes == {
+        "from_append_p50_ms": 5.0, "from_append_p99_ms": 45.0, "steal_pct": 3.0, "samples": 2
+    }  # fmt: skip
     headline = report.headline([summary])
     assert (headline["each_from_append_p50_ms"], headline["each_from_append_p99_ms"]) == (5.0, 45.0)
+    assert headline["each_latency_steal_pct"] == 3.0
 
 
 def test_a_failed_run_leaves_no_figure_and_the_report_says_failed() -> None:
