@@ -10,6 +10,11 @@ producer and the probe do not share an interpreter lock), and reports them
 beside the latency: a p99 in a window with a tenth of the CPU stolen and
 50 ms wake-ups is the machine's figure as much as the contender's.
 
+Steal is the host's alone. Lateness is anything that kept a core from a
+thread that was ready: the host, and the run's own load on a saturated
+machine (the probe competes for the cores like every other thread of the
+run). Both are what any hop of the measured path paid in that window.
+
 The probe wakes 200 times a second and does nothing else: a hundredth of a
 core at most, next to the run's one and a half.
 """
