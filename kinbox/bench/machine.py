@@ -125,11 +125,20 @@ class Probe:
                 "the machine probe failed (exit %s): no steal figures", self._proc.returncode
             )
             return None
-        return Machine(**json.loads(out))
+        try:
+            return Machine(**json.loads(out))
+        except (ValueError, TypeError) as exc:
+            log.warning("the machine probe's answer is unreadable (%s): no steal figures", exc)
+            return None
+
+    @property
+    def running(self) -> bool:
+        """Whether the probe's process is still there."""
+        return self._proc.poll() is None
 
     def close(self) -> None:
         """Stop the probe if it still runs (a run that failed before reading it)."""
-        if self._proc.poll() is None:
+        if self.running:
             self._proc.kill()
             self._proc.wait()
         if self._proc.stdout is not None:

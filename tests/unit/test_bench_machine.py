@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,10 +45,11 @@ def test_the_probe_measures_its_window_and_nothing_before_it() -> None:
     assert 0 <= found.late_p50_ms <= found.late_p99_ms <= found.late_max_ms
 
 
-def test_the_probe_in_its_own_process_reports_the_same_figures() -> None:
+def test_the_probe_runs_in_a_process_of_its_own_and_hands_back_its_figures() -> None:
     start = time.time() + 0.05
     probe = machine.Probe(start, start + 0.1)
     found = probe.result(timeout=30)
+    assert not probe.running
     probe.close()
     assert found is not None and found.wakes >= 2
     assert found.steal_pct is None or 0 <= found.steal_pct <= 100
@@ -54,5 +58,19 @@ def test_the_probe_in_its_own_process_reports_the_same_figures() -> None:
 def test_a_probe_that_cannot_finish_gives_no_figures_and_is_stopped() -> None:
     far = time.time() + 3600
     probe = machine.Probe(far, far + 1)
+    assert probe.running
     assert probe.result(timeout=0.2) is None
+    assert not probe.running
     probe.close()  # again: already stopped, nothing to do
+
+
+def test_an_unreadable_answer_gives_no_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = subprocess.Popen
+
+    def talking(argv: list[str], **kw: Any) -> subprocess.Popen[str]:
+        return real([sys.executable, "-c", "print('not json')"], **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", talking)
+    probe = machine.Probe(time.time(), time.time())
+    assert probe.result(timeout=30) is None
+    probe.close()
