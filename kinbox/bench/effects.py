@@ -14,7 +14,6 @@ A run that fails its check raises :class:`CheckFailed`: loud, and never a figure
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from kinbox.bench.results import percentiles
 from kinbox.errors import KinboxError
 
 COLUMNS = ("event_id", "partition", "offset", "user_id", "lesson_id", "sent_at")
@@ -205,7 +205,7 @@ def latency(
     values = [1000 * (at - sent) for _, _, sent, at in committed]
     if len(values) < 2:
         raise CheckFailed(f"latency: only {len(values)} effects after the warm-up")
-    p50, p99 = _percentiles(values)
+    p50, p99 = percentiles(values)
     method = "commit timestamp" if exact else "insert time (lower bound)"
     legs = [
         1000 * (at - appended[(p, o)])
@@ -214,14 +214,8 @@ def latency(
     ]
     if len(legs) < 2:
         return Latency(p50, p99, len(values), method)
-    a50, a99 = _percentiles(legs)
+    a50, a99 = percentiles(legs)
     return Latency(p50, p99, len(values), method, a50, a99, len(legs))
-
-
-def _percentiles(values: list[float]) -> tuple[float, float]:
-    """The median and the 99th percentile of ``values`` (at least two)."""
-    cuts = statistics.quantiles(sorted(values), n=100, method="inclusive")
-    return cuts[49], cuts[98]
 
 
 def gap(frontier_: Mapping[int, int], committed: Mapping[int, int]) -> int:

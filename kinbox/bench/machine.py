@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from kinbox.bench.results import percentiles
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,8 @@ def probe(start: float, end: float, period: float = PERIOD) -> Machine:
     after = cpu_times()
     if len(late) < 2:
         late += [0.0, 0.0]  # a window shorter than two sleeps: nothing was late
-    cuts = statistics.quantiles(late, n=100, method="inclusive")
-    return Machine(steal_share(before, after), cuts[49], cuts[98], max(late), len(late))
+    p50, p99 = percentiles(late)
+    return Machine(steal_share(before, after), p50, p99, max(late), len(late))
 
 
 class Probe:

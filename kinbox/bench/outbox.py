@@ -15,7 +15,6 @@ own process (so its peak RSS is its own).
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 import uuid
@@ -28,7 +27,7 @@ from psycopg import sql
 from kinbox.bench.context import Context
 from kinbox.bench.process import Child
 from kinbox.bench.resources import PARTITIONS
-from kinbox.bench.results import RunResult
+from kinbox.bench.results import RunResult, percentiles
 from kinbox.errors import KinboxError
 
 
@@ -119,8 +118,8 @@ def timed_latency(
     values = latency(ctx, conn, schema, topic, samples, notify=notify)
     result = RunResult("outbox", name, rep, records=samples)
     result.notes["latency_s"] = round(time.monotonic() - began, 1)
-    cuts = statistics.quantiles(values, n=100, method="inclusive")
-    result.p50_ms, result.p99_ms = 1000 * cuts[49], 1000 * cuts[98]
+    p50, p99 = percentiles(values)
+    result.p50_ms, result.p99_ms = 1000 * p50, 1000 * p99
     result.latency_method = "COMMIT returned → record polled by a consumer"
     return result
 

@@ -89,6 +89,16 @@ class Summary:
         return {**asdict(self), "ok": self.ok, "comparable": self.comparable}
 
 
+def percentiles(values: Sequence[float]) -> tuple[float, float]:
+    """The median and the 99th percentile of ``values`` (at least two), as every latency reports.
+
+    Inclusive quantiles: with few samples the p99 lies between the two slowest,
+    never beyond the slowest.
+    """
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return cuts[49], cuts[98]
+
+
 def _median(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
