@@ -28,6 +28,7 @@ from kinbox.errors import ConfigurationError, PayloadError, StoreError
 from kinbox.names import sql_identifier, topic_name
 from producer_outbox import trace_context
 from producer_outbox.debezium import CDC_CONSTRAINT
+from producer_outbox.ids import new_event_id
 from producer_outbox.schema import notify_channel
 
 # One statement, so even an autocommit caller gets the row and the
@@ -168,7 +169,10 @@ def enqueue(
         key: the partition key (Kafka record key); ``None`` for no key and no
             ordering between such events.
         headers: extra record headers, text only.
-        event_id: the event id (``event-id`` header); a random UUID by default.
+        event_id: the event id (``event-id`` header); by default a fresh
+            time-ordered UUID (version 7, :mod:`producer_outbox.ids`), which
+            keeps the outbox's and every consumer's inbox index inserts on
+            their newest pages.
         event_type: stored in ``type``; when given the relay also sets the
             CloudEvents ``ce_*`` headers.
         schema: the kinbox schema holding the outbox.
@@ -274,7 +278,7 @@ def _enqueue(
         )
     json_payload, raw_payload = encode_payload(payload)
     stored_headers = check_headers(headers)
-    event_id = event_id if event_id is not None else uuid.uuid4()
+    event_id = event_id if event_id is not None else new_event_id()
     if not isinstance(event_id, uuid.UUID):
         raise ConfigurationError(f"outbox event_id={event_id!r}: must be a uuid.UUID")
     params: tuple[Any, ...] = (

@@ -41,6 +41,9 @@ def test_rows_reach_kafka_with_key_and_headers(
     records = {r.event_id: r for r in consume(stack, topic, 2)}
     assert set(records) == {str(json_id), str(raw_id)}
     first = records[str(json_id)]
+    # Unless told, the event id is time-ordered (version 7); a given one is kept.
+    assert uuid.UUID(first.event_id).version == 7
+    assert uuid.UUID(records[str(raw_id)].event_id).version == 4
     assert first.key == "u1"
     assert json.loads(first.value) == {"userId": "u1", "lessonId": 7}
     assert first.headers["trace"] == b"abc"

@@ -29,6 +29,7 @@ def test_a_writer_loads_psycopg_and_nothing_of_kafka_or_the_relay() -> None:
     writer = {"producer_outbox", "producer_outbox.writer", "producer_outbox.schema"}
     writer |= {"producer_outbox.debezium"}  # the CDC constraint's name, in the writer's errors
     writer |= {"producer_outbox.trace_context"}  # the span's W3C context, stored with the row
+    writer |= {"producer_outbox.ids"}  # the default event id
     code = (
         "import sys\nfrom producer_outbox import enqueue\n"
         "print(sorted(m for m in sys.modules if m.startswith("

@@ -81,6 +81,14 @@ def test_enqueue_inserts_and_notifies_in_one_statement() -> None:
     assert params[3] == "u1" and params[-1] == notify_channel("kinbox")
 
 
+def test_enqueue_gives_each_event_a_fresh_time_ordered_id() -> None:
+    fake = FakeConnection()
+    made = [_enqueue(fake, "lesson-events", {"n": n}) for n in range(3)]
+    assert all(m.version == 7 for m in made)
+    assert made[0].int < made[1].int < made[2].int
+    assert [params[0] for _, params in fake.calls] == made
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs"),
     [
