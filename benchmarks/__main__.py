@@ -31,7 +31,7 @@ from benchmarks import warmup
 from kinbox.bench.command import execute, new_prefix, select
 from kinbox.bench.contenders import CONTENDERS
 from kinbox.bench.scenarios import SCENARIOS
-from kinbox.bench.spec import Sizes, Target
+from kinbox.bench.spec import EVENT_IDS, Sizes, Target
 from kinbox.devstack.kafka import KafkaBroker
 from kinbox.devstack.postgres import PostgresServer
 from kinbox.devstack.stack import EXTERNAL_DATABASE_ENV, EXTERNAL_KAFKA_ENV, start_connect
@@ -85,6 +85,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, help="runs per contender and scenario")
     parser.add_argument("--events", type=int, help="events per run for the fast contenders")
     parser.add_argument("--outbox-rows", type=int, help="the outbox relay's backlog")
+    parser.add_argument(
+        "--event-ids", choices=EVENT_IDS, help="random (the default) or time-ordered event ids"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="where bench.* go")
     parser.add_argument(
         "--no-cdc", action="store_true", help="no Kafka Connect: the outbox relay runs alone"
@@ -99,6 +102,8 @@ def main() -> None:
         sizes = replace(sizes, events=args.events)
     if args.outbox_rows:
         sizes = replace(sizes, outbox_rows=args.outbox_rows)
+    if args.event_ids:
+        sizes = replace(sizes, event_ids=args.event_ids)
     scenarios, contenders = select(args.scenario or (), args.contender or ())
     cdc = not args.no_cdc and any(s.kind == "outbox" for s in scenarios)
     with stack(cdc=cdc, steady=not args.quick) as target:

@@ -24,7 +24,7 @@ from kinbox.bench.contenders import BY_NAME as CONTENDER_NAMES
 from kinbox.bench.contenders import CONTENDERS, Contender
 from kinbox.bench.scenarios import BY_NAME as SCENARIO_NAMES
 from kinbox.bench.scenarios import SCENARIOS, Scenario
-from kinbox.bench.spec import Sizes, Target
+from kinbox.bench.spec import EVENT_IDS, Sizes, Target
 from kinbox.cli.support import EXIT_CONFIG, die, parse_kafka_overrides
 from kinbox.errors import ConfigurationError, KinboxError
 
@@ -158,6 +158,12 @@ def new_prefix() -> str:
 @click.option("--backlog-events", type=click.IntRange(10), help="1 KB events for 'memory'.")
 @click.option("--outbox-rows", type=click.IntRange(10), help="The relay's backlog.")
 @click.option(
+    "--event-ids",
+    type=click.Choice(EVENT_IDS),
+    help="The events' ids: random (version-4 UUIDs, the default: the inbox's costly case) "
+    "or time-ordered (version 7, as producer_outbox makes them).",
+)
+@click.option(
     "--connect-url",
     envvar="KINBOX_CONNECT_URL",
     metavar="URL",
@@ -195,7 +201,7 @@ def bench(
     scenarios: tuple[str, ...], contenders: tuple[str, ...], quick: bool, long_mode: bool,
     connect_url: str | None, connect_database_address: str | None, prefix: str | None,
     kafka_version: str | None, json_path: str | None, out_dir: Path | None,
-    **sizes: int | float | None,
+    **sizes: int | float | str | None,
 ) -> None:  # fmt: skip
     """Benchmark duplicate-delivery scenarios on your own Kafka cluster and PostgreSQL.
 

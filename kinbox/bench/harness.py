@@ -280,8 +280,9 @@ class Harness:
             for c in runners
         }
         full = workload.build(
-            max(sizes.values()), scenario.duplicates, seed=index, pad=scenario.pad
-        )
+            max(sizes.values()), scenario.duplicates, seed=index, pad=scenario.pad,
+            ordered=self.sizes.ordered_ids,
+        )  # fmt: skip
         made: dict[int, runs.Stage] = {}
         for events in sorted(set(sizes.values()), reverse=True):
             work = full.head(events)

@@ -77,7 +77,7 @@ def _index_definitions(conn: psycopg.Connection[Any], schema: str) -> list[tuple
 
 def large(ctx: Context, job: Job, events: int, seed: int) -> RunResult:
     """A clean run on a topic of fresh events, by a group whose inbox is already big."""
-    work = workload.build(events, seed=seed)
+    work = workload.build(events, seed=seed, ordered=ctx.sizes.ordered_ids)
     topic = ctx.namespace.create_topic(job.stage.topic)
     ends = workload.produce(ctx.target, topic, work)
     staged = Job(
@@ -102,7 +102,7 @@ def latency(ctx: Context, job: Job) -> RunResult:
     child = ctx.start(spec, job.name)
     ctx.wait_assigned(job.group, child)
     offered = sizes.latency_warmup + sizes.latency_seconds
-    work = workload.build(round(sizes.latency_rate * offered), seed=7)
+    work = workload.build(round(sizes.latency_rate * offered), seed=7, ordered=sizes.ordered_ids)
     # The warm-up (a freshly started stack's cold broker and caches, the
     # member's first fetches and connections) gets the same load, unmeasured.
     warm_until = time.time() + sizes.latency_warmup

@@ -139,6 +139,7 @@ def latency(
     ``notify``: enqueue (with its NOTIFY), or the same row inserted without one.
     """
     from producer_outbox import enqueue
+    from producer_outbox.ids import new_event_id
 
     consumer = Consumer(
         {**ctx.target.client_config(consumer=True), "group.id": ctx.namespace.group("latency"),
@@ -166,7 +167,7 @@ def latency(
                 if notify:
                     enqueue(conn, topic, {"marker": marker}, key="lat", schema=schema)
                 else:
-                    conn.execute(plain, (uuid.uuid4(), topic, topic, marker))
+                    conn.execute(plain, (new_event_id(), topic, topic, marker))
             committed = time.perf_counter()
             deadline = committed + 30
             while True:

@@ -75,6 +75,10 @@ class Target:
         return {"bootstrap.servers": self.bootstrap_servers, **extra}
 
 
+EVENT_IDS = ("random", "time-ordered")
+"""What :attr:`Sizes.event_ids` may be."""
+
+
 @dataclass(frozen=True)
 class Sizes:
     """How much work each scenario does; :meth:`quick` and :meth:`long` scale it."""
@@ -113,6 +117,22 @@ class Sizes:
     """The same, with no NOTIFY: each waits for the relay's poll interval."""
     min_events: int = 60
     """No run gets fewer events than this, whatever a contender's scale."""
+    event_ids: str = "random"
+    """The workloads' event ids: ``random`` (version-4 UUIDs) or ``time-ordered`` (version 7).
+
+    Random is the costly case for every inbox (each claim lands on its own
+    page of ``processed_events``' index); ``producer_outbox`` makes
+    time-ordered ones.
+    """
+
+    def __post_init__(self) -> None:
+        if self.event_ids not in EVENT_IDS:
+            raise ConfigurationError(f"event_ids={self.event_ids!r}: one of {', '.join(EVENT_IDS)}")
+
+    @property
+    def ordered_ids(self) -> bool:
+        """Whether the workloads' event ids are time-ordered."""
+        return self.event_ids == "time-ordered"
 
     @classmethod
     def quick(cls) -> Sizes:

@@ -30,6 +30,7 @@ from confluent_kafka import Consumer as _Consumer
 
 from kinbox.bench.spec import Target
 from kinbox.errors import KinboxError
+from producer_outbox.ids import from_stamp, stamp_of
 
 ID_HEADER = "event-id"
 NEAR = 20
@@ -64,10 +65,26 @@ class Workload:
         return Workload(self.ids[:count], [i for i in self.order if i < count], self.pad)
 
 
-def build(events: int, duplicates: float = 0.0, *, seed: int = 0, pad: int = 0) -> Workload:
-    """``events`` unique events, plus ``duplicates`` x that many producer duplicates."""
+def build(
+    events: int,
+    duplicates: float = 0.0,
+    *,
+    seed: int = 0,
+    pad: int = 0,
+    ordered: bool = False,
+) -> Workload:
+    """``events`` unique events, plus ``duplicates`` x that many producer duplicates.
+
+    Ids are random (version 4) UUIDs, or with ``ordered`` time-ordered ones
+    (version 7, as ``producer_outbox`` makes them): stamped from now on, one
+    1/4096 ms apart in event order, so they sort after every id made before.
+    """
     rng = random.Random(seed)
-    ids = [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(events)]
+    if ordered:
+        start = stamp_of(time.time_ns())
+        ids = [str(from_stamp(start + i, rng.getrandbits(62))) for i in range(events)]
+    else:
+        ids = [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(events)]
     positions: list[tuple[float, int]] = [(float(i), i) for i in range(events)]
     chosen = rng.sample(range(events), round(events * duplicates))
     for n, index in enumerate(chosen):

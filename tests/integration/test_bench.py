@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
@@ -202,6 +203,34 @@ def test_a_user_who_may_not_checkpoint_gets_the_runs_and_a_note_saying_so(
     assert not outcome.failures and [r.ok for r in outcome.results] == [True]
     note = str(outcome.notes["checkpoint"])
     assert note.startswith("not run: ") and "CHECKPOINT" in note, note
+
+
+def test_time_ordered_ids_are_what_the_inbox_claims(stack: Stack, tmp_path: Path) -> None:
+    # Given the large scenario (random ids preloaded) with time-ordered event ids
+    target = _target(stack)
+    large = [c for c in SCENARIOS if c.name == "large"]
+    batch = [c for c in CONTENDERS if c.name == "kinbox-batch"]
+    sizes = replace(Sizes.quick(), event_ids="time-ordered")
+    harness = Harness(target, sizes, large, batch, log_dir=tmp_path, stream_bar=False)
+    try:
+        # When it runs
+        outcome = harness.run()
+        with psycopg.connect(stack.database_url) as conn:
+            claimed = [
+                str(row[0])
+                for row in conn.execute(
+                    sql.SQL("SELECT event_id FROM {} WHERE topic <> 'preloaded'").format(
+                        sql.Identifier(f"{target.prefix}_large", "processed_events")
+                    )
+                )
+            ]
+    finally:
+        harness.cleanup()
+    # Then both runs pass their check, and what kinbox claimed on the large
+    # table are the workload's version-7 ids, every event once
+    assert not outcome.failures and [r.ok for r in outcome.results] == [True, True]
+    assert claimed and all(uuid.UUID(i).version == 7 for i in claimed)
+    assert len(set(claimed)) == len(claimed) == sizes.scaled(batch[0].scale)
 
 
 def test_wrong_effects_fail_the_check_and_are_never_a_figure(stack: Stack, tmp_path: Path) -> None:

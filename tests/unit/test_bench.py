@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from kinbox.bench.runs import kill_spacing
 from kinbox.bench.spec import PREFIX_PATTERN, Sizes, Target
 from kinbox.bench.workload import FAR, NEAR, build
 from kinbox.errors import ConfigurationError
+from producer_outbox.ids import new_event_id
 
 
 @pytest.mark.parametrize("share", [0.0, 0.1, 0.5])
@@ -51,6 +53,26 @@ def test_workload_head_keeps_the_same_events_and_their_duplicates() -> None:
     assert head.ids == work.ids[:100]
     assert head.order == [i for i in work.order if i < 100]
     assert head.distinct == 100
+
+
+def test_workload_ids_are_random_or_time_ordered_as_asked() -> None:
+    random_ids = [uuid.UUID(i) for i in build(500, seed=2).ids]
+    assert {i.version for i in random_ids} == {4}
+    assert build(500, seed=2).ids == [str(i) for i in random_ids]  # the seed decides them
+    ordered = build(500, 0.3, seed=2, ordered=True)
+    ids = [uuid.UUID(i) for i in ordered.ids]
+    assert {i.version for i in ids} == {7} and len(set(ids)) == 500
+    # In event order, and after every id made before the workload.
+    assert ordered.ids == sorted(ordered.ids)
+    earlier = new_event_id()
+    later = build(10, seed=2, ordered=True)
+    assert str(earlier) < later.ids[0]
+
+
+def test_sizes_refuse_an_unknown_kind_of_event_id() -> None:
+    assert Sizes(event_ids="time-ordered").ordered_ids and not Sizes().ordered_ids
+    with pytest.raises(ConfigurationError, match="event_ids"):
+        Sizes(event_ids="sequential")
 
 
 def test_exactly_once_check() -> None:
@@ -164,7 +186,8 @@ def test_cli_help_lists_the_options_a_user_needs() -> None:
     result = CliRunner().invoke(bench, ["--help"])
     assert result.exit_code == 0
     for option in ("--bootstrap-servers", "--database-url", "-X", "--scenario", "--events",
-                   "--json", "--quick", "--prefix", "--long", "--connect-url"):  # fmt: skip
+                   "--json", "--quick", "--prefix", "--long", "--connect-url",
+                   "--event-ids"):  # fmt: skip
         assert option in result.output
 
 
