@@ -75,11 +75,20 @@ class PostgresInboxStore:
         # parameters, the ids, offsets and trace ids three array literals
         # (see kinbox.store.arrays). The statements are rendered to bytes
         # once, so psycopg converts each only once.
+        #
+        # In the ids' order, not the batch's: each row's key is locked as it
+        # is inserted, and two batches side by side may share ids (a
+        # producer's duplicate in another partition). Taken in offset order,
+        # one could hold x and wait for y while the other holds y and waits
+        # for x, a deadlock PostgreSQL breaks only after deadlock_timeout by
+        # aborting one of them. In one order, the later batch waits for the
+        # earlier one and nothing more.
         insert = (
             "INSERT INTO {}.processed_events"
             ' (consumer, event_id, status, topic, partition, "offset", trace_id)'
             " SELECT %s, c.event_id, 'applied', %s, %s, c.off, c.trace_id"
             " FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS c(event_id, off, trace_id)"
+            " ORDER BY c.event_id"
             " ON CONFLICT (consumer, event_id) "
         )
         table = sql.Identifier(self._schema)

@@ -17,6 +17,13 @@ from tests.support.records import Headers, committed, dead_letter_id, read_topic
 from tests.support.scenario import scenario
 from tests.support.workers import read_deliveries
 
+
+def _story(log: str, where: tuple[int, int]) -> str:
+    """The worker's log lines about the record at ``where`` (partition, offset): its tries."""
+    mark = re.compile(rf"\[{where[0]}\]@{where[1]}\b")
+    return "\n".join(line for line in log.splitlines() if mark.search(line)) or "(none)"
+
+
 EXIT_BAD_INPUT = 6
 """``kinbox worker``'s exit status after ``missing_id=fail`` stopped it (kinbox.cli.main)."""
 
@@ -67,7 +74,11 @@ def test_poison_events_end_in_the_dead_letter_topic_only(run: Run) -> None:
         assert letter.header("kinbox.dlq.consumer") == run.group, letter
         assert letter.value == b'{"n": 1}' and letter.header("event-id") == event_id
         # The record dead-lettered was tried exactly max_attempts times, counted 1..max_attempts
-        assert tries[origin] == list(range(1, max_attempts + 1)), (origin, tries[origin])
+        assert tries[origin] == list(range(1, max_attempts + 1)), (
+            origin,
+            tries[origin],
+            _story(worker.log(), origin),
+        )
     # A producer's duplicate of a poison id on another partition may be tried too:
     # while one record's failed try rolls its claim back, the other's claim can
     # take the id. It counts its own tries, never past max_attempts, and is
