@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -69,6 +70,27 @@ def test_batches_claiming_shared_ids_in_opposite_orders_do_not_deadlock(
             claimed[name].set()
 
     table = sql.Identifier(schema, "processed_events")
+    try:
+        _race(stack, table, batch, pids, claimed, go_on)
+    finally:
+        # A failed step must not leave a batch waiting on its event, or the pool open.
+        for gate in go_on.values():
+            gate.set()
+        store.close()
+    assert not errors, errors
+    assert sorted(fresh["one"]) == ["e-1", "e-2", "e-3"]
+    assert fresh["two"] == []
+
+
+def _race(
+    stack: Stack,
+    table: sql.Identifier,
+    batch: Callable[[str, list[Event]], None],
+    pids: dict[str, int],
+    claimed: dict[str, threading.Event],
+    go_on: dict[str, threading.Event],
+) -> None:
+    """Batch one waits in its claim on a third transaction; batch two claims meanwhile."""
     with (
         psycopg.connect(stack.database_url, autocommit=True) as watcher,
         psycopg.connect(stack.database_url) as other,
@@ -97,7 +119,3 @@ def test_batches_claiming_shared_ids_in_opposite_orders_do_not_deadlock(
         assert claimed["two"].wait(10), "batch two never finished its claim"
         go_on["two"].set()
         two.join(10)
-    store.close()
-    assert not errors, errors
-    assert sorted(fresh["one"]) == ["e-1", "e-2", "e-3"]
-    assert fresh["two"] == []
