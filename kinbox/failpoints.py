@@ -9,6 +9,11 @@ this module is imported::
     action  := "kill"    SIGKILL this process: no ``finally``, no COMMIT, no
                          consumer close — a power cut, what the tests survive
              | "raise"   raise :class:`FailpointError` at the point
+             | "pause"   hold the thread at the point until the process's
+                         failpoints are armed again (:func:`configure`), for
+                         a test that runs kinbox in its own process and does
+                         something while the thread is held (:func:`held`
+                         says when); the other threads run on
     n       := 1, 2, …   act on the n-th pass through the point (default 1),
                          once; passes after it go through untouched
 
@@ -35,7 +40,7 @@ from dataclasses import dataclass
 from kinbox.errors import ConfigurationError, KinboxError
 
 ENV = "KINBOX_FAILPOINTS"
-ACTIONS = ("kill", "raise")
+ACTIONS = ("kill", "raise", "pause")
 
 NAMES: Mapping[str, str] = {
     "before_db_commit": "kinbox worker: a batch's effects written, its COMMIT not yet sent",
@@ -100,17 +105,30 @@ class Failpoints:
         # Several threads pass the same points at once (a worker's batch
         # threads, the relay's lane groups): the n-th pass must be exactly one.
         self._lock = threading.Lock()
+        # Set by the next arm(): what a paused thread waits for.
+        self._release = threading.Event()
+        self._held: Counter[str] = Counter()
         self.arm(spec)
 
     def arm(self, spec: str | None) -> None:
         """Replace the armed points with ``spec``'s (``None``/empty disarms) and reset counts.
+
+        A thread held by a ``pause`` goes on (also when ``spec`` does not parse).
 
         Raises:
             ConfigurationError: ``spec`` does not parse (nothing is armed then).
         """
         self._points = {}  # a spec that fails to parse leaves nothing armed
         self._passes.clear()
+        with self._lock:
+            release, self._release = self._release, threading.Event()
+        release.set()
         self._points = parse(spec)
+
+    def held(self, name: str) -> bool:
+        """Whether a thread is held at ``name`` by its ``pause`` now."""
+        with self._lock:
+            return self._held[name] > 0
 
     def hit(self, name: str) -> None:
         """Count a pass through ``name``; act if this is its armed pass.
@@ -129,7 +147,20 @@ class Failpoints:
         if point.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
             return  # reached only when a test stands in for os.kill
+        if point.action == "pause":
+            self._pause(name)
+            return
         raise FailpointError(f"failpoint {name!r} fired on pass {point.nth}")
+
+    def _pause(self, name: str) -> None:
+        with self._lock:
+            release = self._release
+            self._held[name] += 1
+        try:
+            release.wait()
+        finally:
+            with self._lock:
+                self._held[name] -= 1
 
 
 # The process's failpoints: armed once from the environment the process starts with.
@@ -143,6 +174,11 @@ def configure(spec: str | None) -> None:
         ConfigurationError: ``spec`` does not parse.
     """
     _process.arm(spec)
+
+
+def held(name: str) -> bool:
+    """Whether a thread of this process is held at ``name`` by its ``pause`` now."""
+    return _process.held(name)
 
 
 def failpoint(name: str) -> None:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import producer_outbox
 from kinbox import failpoints
 from kinbox.errors import ConfigurationError
 from kinbox.failpoints import Failpoint, FailpointError, Failpoints, parse
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -42,6 +44,7 @@ def kills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             {"after_db_commit": ("kill", 3), "before_db_commit": ("kill", 1)},
         ),
         ("relay_after_publish=kill@12", {"relay_after_publish": ("kill", 12)}),
+        ("before_db_commit=pause", {"before_db_commit": ("pause", 1)}),
     ],
 )
 def test_good_specs(spec: str | None, armed: dict[str, tuple[str, int]]) -> None:
@@ -92,6 +95,25 @@ def test_raise_fires_once_on_its_pass(kills: list[int]) -> None:
         points.hit("relay_after_publish")
     points.hit("relay_after_publish")
     assert kills == []
+
+
+def test_pause_holds_its_thread_until_the_failpoints_are_armed_again() -> None:
+    points = Failpoints("before_db_commit=pause@2")
+    points.hit("before_db_commit")  # pass 1 goes through
+    passed = threading.Event()
+
+    def second_pass() -> None:
+        points.hit("before_db_commit")
+        passed.set()
+
+    thread = threading.Thread(target=second_pass, daemon=True)
+    thread.start()
+    wait_for(lambda: points.held("before_db_commit"), 10, "the second pass held")
+    assert not passed.is_set()
+    # When the points are armed again (here: disarmed), the held thread goes on
+    points.arm(None)
+    thread.join(10)
+    assert passed.is_set() and not points.held("before_db_commit")
 
 
 def test_a_bad_spec_leaves_nothing_armed(kills: list[int]) -> None:
