@@ -47,6 +47,9 @@ NAMES: Mapping[str, str] = {
     "after_db_commit": (
         "kinbox worker and every benchmark contender: committed, offsets not yet committed"
     ),
+    "poll_between_consumes": (
+        "kinbox worker: a poll's first consume() returned records, its second not yet called"
+    ),
     "relay_after_publish": "outbox relay: Kafka acknowledged a batch, its rows not yet marked sent",
     "relay_after_publish_overlapped": (
         "outbox relay: as relay_after_publish, passed only while another lane group's batch "

@@ -21,10 +21,18 @@ the revoke's own synchronous commit follows it.)
 Markers: a transactional producer's commit (or abort) marker takes an
 offset of its own and is no record, so ``last offset + 1`` stops one short
 of it, and a partition whose transactions all committed would show a lag
-of one for ever. Once every record the consumer handed over for a
-partition is settled in the database, everything below the consumer's
-position is settled or no record at all; that position is committed
-instead (see :meth:`Offsets.handed`).
+of one for ever. So a partition's *position* (the consumer's next offset,
+past the markers) is committed instead, under one rule: only once every
+record the Kafka client has returned for the partition is settled in the
+database — then everything below the position is settled or no record at
+all. What the client returned is the transport's count
+(:meth:`~kinbox.kafka.base.Transport.handed`), taken as each client call
+returns, not the records the runner has seen: librdkafka serves rebalance
+callbacks inside its calls, so a revoke served inside a poll meets records
+an earlier call of that poll returned, with the position past them, before
+the poll returns them to the runner. The transport then drops them (their
+assignment ended), and the offset the revoke committed lies below them:
+their next owner reads them.
 """
 
 from __future__ import annotations
@@ -57,21 +65,10 @@ class Offsets:
         self._sent: dict[Partition, int] = {}
         self._fatal: FatalTransportError | None = None
         # Per partition, for stepping over markers: the offset after the last
-        # record handed over, after the last one settled, and what this
-        # member last committed.
-        self._handed: dict[Partition, int] = {}
+        # record settled, and what this member last committed.
         self._settled: dict[Partition, int] = {}
         self._committed: dict[Partition, int] = {}
         self._last_warning = -_WARN_EVERY
-
-    def handed(self, tp: Partition, next_offset: int) -> None:
-        """Note that the consumer handed over ``tp``'s records below ``next_offset``.
-
-        Every record a poll returned counts, run or not. Until each is
-        settled (:meth:`advance` past it) its partition's position is never
-        committed: a record put back or skipped could lie below it.
-        """
-        self._handed[tp] = max(self._handed.get(tp, 0), next_offset)
 
     def advance(self, tp: Partition, next_offset: int) -> None:
         """Record that every event of ``tp`` below ``next_offset`` is committed in the DB."""
@@ -81,19 +78,23 @@ class Offsets:
 
     def forget(self, tp: Partition) -> None:
         """Drop ``tp``'s pending offset: the partition is no longer this member's."""
-        for known in (self._pending, self._sent, self._handed, self._settled, self._committed):
+        for known in (self._pending, self._sent, self._settled, self._committed):
             known.pop(tp, None)
 
     def _due(self, partitions: Iterable[Partition] | None = None) -> dict[Partition, int]:
-        """What to commit now (of ``partitions``, default all): pending, or past markers."""
+        """What to commit now (of ``partitions``, default all): pending, or past markers.
+
+        A partition's position only when every record the client returned
+        for it is settled (the rule in the module's docstring); a record put
+        back or skipped could lie below it otherwise.
+        """
         wanted = None if partitions is None else set(partitions)
         due = {tp: o for tp, o in self._pending.items() if wanted is None or tp in wanted}
-        # Partitions whose every handed-over record is settled in the database.
-        idle = [
-            tp
-            for tp, settled in self._settled.items()
-            if settled >= self._handed.get(tp, 0) and (wanted is None or tp in wanted)
-        ]
+        settled = {tp: o for tp, o in self._settled.items() if wanted is None or tp in wanted}
+        if not settled:
+            return due
+        handed = self._transport.handed(list(settled))
+        idle = [tp for tp, o in settled.items() if tp in handed and o >= handed[tp]]
         if not idle:
             return due
         try:

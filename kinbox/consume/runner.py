@@ -391,7 +391,6 @@ class Runner:
         # busiest loop in a replay).
         for tp, run in groupby(records, _PARTITION):
             batch = list(run)
-            self._offsets.handed(tp, batch[-1].offset + 1)
             if tp not in self._assigned or tp in self._backoff.paused:
                 # Revoked meanwhile (its next owner reads it), or fetched
                 # before a pause took effect (the partition was rewound and

@@ -44,7 +44,15 @@ class Transport(Protocol):
         """Join the group for ``topics``; ``listener`` hears about rebalances."""
 
     def poll(self, max_messages: int, timeout: float) -> list[Record]:
-        """Return up to ``max_messages`` records, waiting at most ``timeout`` seconds."""
+        """Return up to ``max_messages`` records, waiting at most ``timeout`` seconds.
+
+        The listener may be told about a rebalance from inside, between the
+        client calls a poll makes. A record the client returned for a
+        partition whose assignment then ended within the same poll is not
+        returned: it belongs to the assignment that ended, and the
+        partition's next owner (this member too, if it got the partition
+        back) reads it again from the committed offset.
+        """
 
     def commit(self, offsets: Mapping[Partition, int], *, asynchronous: bool = False) -> None:
         """Commit ``offsets`` (next offset to read); synchronously unless ``asynchronous``.
@@ -75,6 +83,19 @@ class Transport(Protocol):
         stepped over without one: a transaction's commit or abort marker, an
         aborted record, a record compaction removed. After a seek it is
         unknown until a record from there has been handed over.
+        """
+
+    def handed(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
+        """The offset after the last record the client returned, per partition (none: left out).
+
+        Counted for the partition's current assignment (it starts with none),
+        as each call into the client that returned records ends — before any
+        other call into it can serve a rebalance callback. So a callback
+        served later in the same :meth:`poll` already counts the records an
+        earlier call of that poll returned, which the poll has not handed
+        over yet. A seek never lowers it. Until every record below it is
+        settled, the partition's :meth:`positions` may lie past a record not
+        settled, and must not be committed.
         """
 
     def close(self) -> None:

@@ -52,6 +52,7 @@ from kinbox.config import Settings
 from kinbox.consume.envelope import Record
 from kinbox.consume.lag import LagBoard
 from kinbox.errors import FatalTransportError
+from kinbox.failpoints import failpoint
 from kinbox.kafka.base import Partition, RebalanceListener
 from kinbox.kafka.errors import ClientLog, broken, create_client, describe, is_fatal, translate
 from kinbox.kafka.stats import DEFAULT_INTERVAL_MS, on_stats
@@ -149,6 +150,11 @@ class KafkaTransport:
         self._consumer = create_client(Consumer, config, "the consumer")
         self._listener: RebalanceListener | None = None
         self._answers: list[tuple[KafkaError | None, list[TopicPartition]]] = []
+        # Per partition, the offset after the last record consume() returned
+        # (see handed()); and the partitions whose assignment ended since a
+        # poll's first consume() call.
+        self._handed: dict[Partition, int] = {}
+        self._ended: set[Partition] = set()
         # A call may last a revoke's wait and a commit; one past the poll
         # interval has cost the member its place in the group already.
         interval = settings.effective_max_poll_interval
@@ -156,6 +162,17 @@ class KafkaTransport:
 
     def _on_commit(self, err: KafkaError | None, parts: list[TopicPartition]) -> None:
         self._answers.append((err, parts))
+
+    def _begin(self, partitions: list[Partition]) -> None:
+        """An assignment of ``partitions`` begins: nothing returned for them yet."""
+        for tp in partitions:
+            self._handed.pop(tp, None)
+
+    def _end(self, partitions: list[Partition]) -> None:
+        """The assignment of ``partitions`` ended (after the listener committed what it could)."""
+        for tp in partitions:
+            self._handed.pop(tp, None)
+        self._ended.update(partitions)
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         """See :meth:`Transport.subscribe`.
@@ -169,13 +186,20 @@ class KafkaTransport:
         self._listener = listener
 
         def assigned(_: Consumer, parts: list[TopicPartition]) -> None:
+            self._begin(_pairs(parts))
             listener.on_assigned(_pairs(parts))
 
         def revoked(_: Consumer, parts: list[TopicPartition]) -> None:
-            listener.on_revoked(_pairs(parts))
+            try:
+                listener.on_revoked(_pairs(parts))
+            finally:
+                self._end(_pairs(parts))
 
         def lost(_: Consumer, parts: list[TopicPartition]) -> None:
-            listener.on_lost(_pairs(parts))
+            try:
+                listener.on_lost(_pairs(parts))
+            finally:
+                self._end(_pairs(parts))
 
         try:
             self._consumer.subscribe(
@@ -192,34 +216,64 @@ class KafkaTransport:
         else is already fetched, without waiting to fill ``max_messages``:
         at low load a record is handed over as soon as it arrives.
 
+        That is two ``consume()`` calls, and librdkafka serves rebalance
+        callbacks inside each. A revoke served by the second finds the
+        partition's position moved past what the first returned already:
+        :meth:`handed` counts those records before the second call, so the
+        revoke never commits that position, and they are dropped if their
+        partition's assignment ended. (Within one call, librdkafka moves
+        positions only as the call returns, and its version barrier discards
+        the records of an assignment that ended.)
+
         Raises:
             FatalTransportError: the consumer is fatally broken (e.g. fenced
                 by another member with its ``group.instance.id``); its error
                 event carries code ``_FATAL`` and the reason in its text.
         """
+        # Wait for the first record only, then take what is buffered:
+        # at low load a poll never waits to fill a batch.
+        records = self._consume(1, timeout)
+        if not records or max_messages <= 1:
+            return records
+        failpoint("poll_between_consumes")
+        self._ended.clear()
+        more = self._consume(max_messages - 1, 0)
+        if self._ended:
+            records = [r for r in records if (r.topic, r.partition) not in self._ended]
+        return records + more
+
+    def _consume(self, most: int, timeout: float) -> list[Record]:
+        """One ``consume()`` call; its records, counted in :meth:`handed` before anything else."""
         try:
             with self._watch.call("polling"):
-                # Wait for the first record only, then take what is buffered:
-                # at low load a poll never waits to fill a batch.
-                messages = self._consumer.consume(1, timeout)
-                if messages and max_messages > 1:
-                    messages += self._consumer.consume(max_messages - 1, 0)
+                messages = self._consumer.consume(most, timeout)
         except KafkaException as exc:
             raise translate("consuming", exc) from exc
         except SystemError as exc:
             raise FatalTransportError(f"consuming: {broken(exc, self._log)}") from exc
         finally:
             self._answer()
-        records = []
-        for msg in messages:
-            err = msg.error()
-            if err is None:
-                records.append(to_record(msg))
-            elif is_fatal(err):
-                raise FatalTransportError(f"fatal consumer error: {describe(err)}")
-            elif err.code() != KafkaError._PARTITION_EOF:
-                log.warning("consumer error (librdkafka retries): %s", err.str())
+        records: list[Record] = []
+        try:
+            for msg in messages:
+                err = msg.error()
+                if err is None:
+                    records.append(to_record(msg))
+                elif is_fatal(err):
+                    raise FatalTransportError(f"fatal consumer error: {describe(err)}")
+                elif err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error (librdkafka retries): %s", err.str())
+        finally:
+            # The last record of a partition in a call is its highest offset
+            # (indices, not field names: this runs for every record consumed).
+            for tp, offset in {(r[0], r[1]): r[2] for r in records}.items():
+                if offset >= self._handed.get(tp, 0):
+                    self._handed[tp] = offset + 1
         return records
+
+    def handed(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
+        """See :meth:`Transport.handed`."""
+        return {tp: self._handed[tp] for tp in partitions if tp in self._handed}
 
     def commit(self, offsets: Mapping[Partition, int], *, asynchronous: bool = False) -> None:
         """See :meth:`Transport.commit`."""

@@ -213,6 +213,10 @@ class ObservedTransport:
         """See :meth:`Transport.positions`."""
         return self._inner.positions(partitions)
 
+    def handed(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
+        """See :meth:`Transport.handed`."""
+        return self._inner.handed(partitions)
+
     def close(self) -> None:
         """See :meth:`Transport.close`."""
         self._inner.close()

@@ -10,7 +10,7 @@ it and :class:`~kinbox.kafka.consumer.KafkaTransport` on a real broker.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kinbox.consume.envelope import Record
 from kinbox.errors import TransportError
@@ -27,6 +27,12 @@ class FakeTransport:
     State, readable by tests: :attr:`logs`, :attr:`committed`,
     :attr:`position`, :attr:`assigned`, :attr:`paused`, :attr:`commit_calls`,
     :attr:`closed`.
+
+    A poll is two client calls, as :class:`~kinbox.kafka.consumer.KafkaTransport`'s
+    is: the first takes one record, the second the rest. Knob:
+    :attr:`inside_poll`, callables run between them, as the rebalance
+    callbacks a real consumer serves inside its second call (e.g.
+    ``fake.inside_poll.append(lambda: fake.revoke([tp]))``).
 
     Knob: ``commit_errors``, a list of :class:`~kinbox.errors.TransportError`;
     each commit pops the first one and raises it instead of committing (a
@@ -59,6 +65,10 @@ class FakeTransport:
         self._joining: list[Partition] = []  # assigned by the next poll
         self._answers: list[tuple[dict[Partition, int], TransportError | None]] = []
         self._sought: set[Partition] = set()  # no position until a poll hands a record over
+        self.inside_poll: list[Callable[[], None]] = []
+        """Run and removed by the next poll whose first call returns a record, between its calls."""
+        self._handed: dict[Partition, int] = {}  # see handed()
+        self._ended: set[Partition] = set()  # assignments ended since a poll's first call
         self.closed = False
 
     def append(self, record: Record) -> None:
@@ -69,6 +79,8 @@ class FakeTransport:
     def assign(self, partitions: Sequence[Partition]) -> None:
         """Give ``partitions`` to the member (``on_assigned``), at their committed offsets."""
         assert self.listener is not None, "subscribe first"
+        for tp in partitions:
+            self._handed.pop(tp, None)
         self.listener.on_assigned(list(partitions))
         for tp in partitions:
             self.assigned.add(tp)
@@ -84,6 +96,8 @@ class FakeTransport:
         for tp in partitions:
             self.assigned.discard(tp)
             self.paused.discard(tp)
+            self._handed.pop(tp, None)
+        self._ended.update(partitions)
 
     # Transport protocol
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
@@ -92,7 +106,11 @@ class FakeTransport:
         self._joining = sorted(tp for tp in self.logs if tp[0] in topics)
 
     def poll(self, max_messages: int, timeout: float) -> list[Record]:
-        """See :meth:`~kinbox.kafka.base.Transport.poll`; never waits."""
+        """See :meth:`~kinbox.kafka.base.Transport.poll`; never waits.
+
+        Runs :attr:`inside_poll` between its two calls; a record the first
+        call returned for a partition revoked there is dropped.
+        """
         if self._joining:
             # Like the group's first rebalance: the callback runs inside poll().
             joining, self._joining = self._joining, []
@@ -104,13 +122,27 @@ class FakeTransport:
         for offsets, error in answers:
             if self.listener is not None:
                 self.listener.on_committed(offsets, error)
+        out = self._read(1)
+        if not out or max_messages <= 1:
+            return out
+        self._ended.clear()
+        actions, self.inside_poll = self.inside_poll, []
+        for action in actions:
+            action()
+        more = self._read(max_messages - 1)
+        return [r for r in out if (r.topic, r.partition) not in self._ended] + more
+
+    def _read(self, most: int) -> list[Record]:
+        """One client call: up to ``most`` records, partition by partition, counted as handed."""
         out: list[Record] = []
         for tp in sorted(self.assigned - self.paused):
             log = self.logs.get(tp, [])
-            while self.position[tp] < len(log) and len(out) < max_messages:
-                out.append(log[self.position[tp]])
+            while self.position[tp] < len(log) and len(out) < most:
+                taken = log[self.position[tp]]
+                out.append(taken)
                 self.position[tp] += 1
                 self._sought.discard(tp)
+                self._handed[tp] = max(self._handed.get(tp, 0), taken.offset + 1)
         return out
 
     def commit(self, offsets: Mapping[Partition, int], *, asynchronous: bool = False) -> None:
@@ -149,6 +181,10 @@ class FakeTransport:
             for tp in partitions
             if tp in self.assigned and tp not in self._sought
         }
+
+    def handed(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
+        """See :meth:`~kinbox.kafka.base.Transport.handed`."""
+        return {tp: self._handed[tp] for tp in partitions if tp in self._handed}
 
     def close(self) -> None:
         """See :meth:`~kinbox.kafka.base.Transport.close`: revokes what is assigned."""

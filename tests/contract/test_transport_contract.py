@@ -4,7 +4,8 @@ What the runner relies on (:mod:`kinbox.kafka.base`): subscribing brings the
 topic's partitions through the listener, a poll hands each partition's
 records over in offset order, a commit is what the group reads back, pause
 holds one partition while the others flow, seek rewinds, the position
-follows both, and close revokes.
+follows both, what the client returned is counted per assignment, and close
+revokes.
 An asynchronous commit returns at once and its answer comes through a later poll.
 """
 
@@ -187,6 +188,27 @@ def test_the_position_follows_what_a_poll_handed_over_and_a_seek(
     poll_until(transport, lambda got: len(got) >= 2, "the records after the seek")
     assert transport.positions([(topic, 0)]) == {(topic, 0): 3}
     assert transport.positions([(topic, 7)]) == {}  # not assigned: no position
+
+
+def test_handed_counts_what_the_client_returned_for_the_assignment_a_seek_never_lowers_it(
+    consumer: TransportSide,
+) -> None:
+    topic = consumer.topic(2)
+    both = [(topic, 0), (topic, 1)]
+    consumer.produce(topic, 0, [b"a0", b"a1", b"a2"])
+    consumer.produce(topic, 1, [b"b0"])
+    transport = consumer.transport()
+    transport.subscribe([topic], Heard())
+    assert transport.handed(both) == {}
+    poll_until(transport, lambda got: len(got) >= 4, "four records")
+    assert transport.handed(both) == {(topic, 0): 3, (topic, 1): 1}
+    # A seek back and the records again: still past the last one returned
+    transport.seek((topic, 0), 1)
+    poll_until(transport, lambda got: len(got) >= 2, "the records after the seek")
+    assert transport.handed(both) == {(topic, 0): 3, (topic, 1): 1}
+    # Once the assignment ends, nothing is counted for it
+    transport.close()
+    assert transport.handed(both) == {}
 
 
 def test_close_revokes_what_the_member_owns(consumer: TransportSide) -> None:

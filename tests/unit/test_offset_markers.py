@@ -54,7 +54,6 @@ def test_a_record_handed_over_but_not_settled_keeps_the_position_back() -> None:
     transport.subscribe([T], Heard())
     transport.poll(10, 0)  # the consumer's position is 6 now
     offsets = Offsets(transport)
-    offsets.handed(P0, 6)
     offsets.advance(P0, 3)  # only 0..2 settled (3.. put back, or still in flight)
     offsets.commit()
     assert transport.committed == {P0: 3}
