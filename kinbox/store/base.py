@@ -118,7 +118,9 @@ class InboxStore(Protocol):
         Raises:
             StoreError: from the database (``transient`` says whether to retry).
                 An error of COMMIT itself (a deferred constraint, a constraint
-                trigger) is judged as a handler's statement would be.
+                trigger) is judged as a handler's statement would be; so is
+                a transaction a failed statement left aborted, whose COMMIT
+                would only roll it back: it raises, never ends quietly.
         """
 
     def known(self, ids: Collection[str]) -> set[str]:

@@ -123,3 +123,18 @@ def left_aborted() -> StoreError:
         "transaction aborted (did it catch a database error and carry on?)",
         transient=False,
     )
+
+
+def aborted_at_commit() -> StoreError:
+    """The error for a COMMIT of a transaction a failed statement left aborted.
+
+    PostgreSQL would answer such a COMMIT with ROLLBACK, and psycopg says
+    nothing: the batch would count as committed while none of it is. So
+    kinbox raises this instead; it is a refused COMMIT, pinned on its event
+    as any other (:mod:`kinbox.apply.narrow`).
+    """
+    return StoreError(
+        "InFailedSqlTransaction: COMMIT of an aborted transaction (a statement failed and "
+        "its error was caught): PostgreSQL would roll it back",
+        transient=False,
+    )

@@ -30,7 +30,7 @@ from kinbox.store import migrations
 from kinbox.store.arrays import hex_array, int_array, text_array
 from kinbox.store.base import InboxTransaction, first_occurrences
 from kinbox.store.checkout import Checkout
-from kinbox.store.errors import left_aborted, transient_cause, translate
+from kinbox.store.errors import aborted_at_commit, left_aborted, transient_cause, translate
 from kinbox.store.schema import INBOX
 from kinbox.traceparent import trace_id
 
@@ -155,6 +155,11 @@ class PostgresInboxStore:
                 try:
                     with conn.transaction():
                         yield self._transaction_type(conn, self._consumer, self)
+                        # psycopg would send COMMIT, PostgreSQL would answer
+                        # ROLLBACK, and nothing would be raised: the batch
+                        # would count as committed.
+                        if _aborted(conn):
+                            raise aborted_at_commit()
                 finally:
                     self._checkout.given_back(conn)
         except psycopg.Error as exc:

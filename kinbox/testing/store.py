@@ -23,7 +23,7 @@ from kinbox.describe import storable
 from kinbox.errors import StoreError
 from kinbox.event import Event
 from kinbox.store.base import first_occurrences
-from kinbox.store.errors import left_aborted, transient_cause, translate
+from kinbox.store.errors import aborted_at_commit, left_aborted, transient_cause, translate
 from kinbox.testing.awaiting import AwaitsAlone
 
 
@@ -208,9 +208,10 @@ class FakeStore:
     - ``refuse_commit(effects)``: COMMIT (and ``check_deferred``) refuses the
       transaction given the effects it wrote: a deferred constraint.
 
-    Like PostgreSQL through psycopg, a transaction left aborted (a handler
-    swallowed a refused statement, see :meth:`FakeConn.fail`) "commits" by
-    rolling back, without an error.
+    As the real store, a transaction left aborted (a handler swallowed a
+    refused statement, see :meth:`FakeConn.fail`) does not commit: leaving
+    its block raises a :class:`~kinbox.errors.StoreError`, not transient, and
+    everything of it is rolled back.
 
     Transactions opened from several threads (the runner applies partitions
     side by side) run one at a time: a second one waits for the first to end,
@@ -275,13 +276,11 @@ class FakeStore:
         try:
             yield tx
             if tx.connection.aborted:
-                raise _RolledBack
+                raise aborted_at_commit()
             self.check_deferred(saved[3])
-        except BaseException as exc:
+        except BaseException:
             self.claimed, self.status, self.reasons = saved[0], saved[1], saved[2]
             del self.effects[saved[3] :]
-            if isinstance(exc, _RolledBack):
-                return
             raise
         finally:
             self._before = None
@@ -314,7 +313,3 @@ class FakeStore:
     def close(self) -> None:
         """Mark the store closed."""
         self.closed = True
-
-
-class _RolledBack(Exception):
-    """COMMIT of an aborted transaction: PostgreSQL answers ROLLBACK, psycopg says nothing."""

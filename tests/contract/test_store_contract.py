@@ -229,7 +229,7 @@ def test_unguarded_blames_a_block_that_left_the_transaction_aborted(inbox: Store
 def test_an_aborted_transaction_refuses_kinbox_statements_and_commits_nothing(
     inbox: StoreSide,
 ) -> None:
-    with contextlib.suppress(StoreError), inbox.store.transaction() as tx:
+    with pytest.raises(StoreError) as at_commit, inbox.store.transaction() as tx:
         [event] = tx.claim([ev("a")])
         inbox.write(tx, "a")
         with contextlib.suppress(psycopg.Error):
@@ -238,14 +238,18 @@ def test_an_aborted_transaction_refuses_kinbox_statements_and_commits_nothing(
             with pytest.raises(StoreError, match="InFailedSqlTransaction") as refused:
                 statement()
             assert not refused.value.transient
-        # Leaving the block normally: PostgreSQL answers this COMMIT with a
-        # ROLLBACK, and psycopg raises nothing (a store raising here would do too).
+        # Leaving the block normally: PostgreSQL would answer this COMMIT with
+        # a ROLLBACK, and psycopg would raise nothing; the store raises.
+    assert not at_commit.value.transient
+    assert "COMMIT of an aborted transaction" in str(at_commit.value)
     assert inbox.row("a") is None and inbox.effects() == []
+    # and the store works again afterwards
+    assert claim(inbox.store, ev("a")) == [("a", 0)]
 
 
 def test_outage_tells_a_database_outage_from_the_events_fault(inbox: StoreSide) -> None:
     # A content error: the event's fault, not an outage
-    with inbox.store.transaction() as tx:
+    with pytest.raises(StoreError, match="COMMIT of an aborted"), inbox.store.transaction() as tx:
         tx.claim([ev("a")])
         try:
             with tx.savepoint():
