@@ -46,9 +46,10 @@ class EachEvent:
     go out without a round trip each. A database error there is not blamed on
     the event that saw it (the statement that failed may be an earlier
     event's): the pass raises :class:`Unpipelined`, and the batch is redone
-    with the plain optimistic pass, which blames the right event. A handler's
-    own exception, raised while every statement so far has succeeded, is
-    judged at once, as on the plain pass.
+    with the plain optimistic pass, which blames the right event. So is a
+    pass in which the pipeline refused a call that works without it (a
+    COPY), caught or not. A handler's own exception, raised while every
+    statement so far has succeeded, is judged at once, as on the plain pass.
     """
 
     name = "event"

@@ -32,6 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from kinbox.store.base import InboxStore, InboxTransaction
 from kinbox.store.bridge import SyncConnection, SyncPool
+from kinbox.store.cursors import configure_async
 from kinbox.store.errors import translate
 from kinbox.store.loop import LoopThread, awaited
 from kinbox.store.postgres import PostgresInboxStore, _PostgresTransaction
@@ -62,6 +63,7 @@ class AsyncPostgresInboxStore(PostgresInboxStore):
                 max_size=max(1, pool_size),
                 open=False,
                 check=AsyncConnectionPool.check_connection,
+                configure=configure_async,
                 name="kinbox-inbox-async",
             )
 
@@ -120,6 +122,10 @@ class _AwaitingTransaction(_PostgresTransaction):
     def wait(self, awaitable: Awaitable[T]) -> T:
         """See :meth:`kinbox.store.async_base.Awaiting.wait`."""
         return self.bridged.loop.run(awaited(awaitable))
+
+    @property
+    def _driver(self) -> object:
+        return self.bridged.async_connection
 
 
 class MixedInboxStore(PostgresInboxStore):

@@ -90,12 +90,14 @@ class InboxTransaction(Protocol):
         the read waits for it.
 
         Yields ``settle()``: waits for every statement sent so far and says
-        whether all of them succeeded (the transaction is not aborted) — then
-        an exception a handler just raised is its own.
+        whether all of them succeeded (the transaction is not aborted) and
+        the pipeline refused no call (a COPY, say, which works without it) —
+        then an exception a handler just raised is its own.
 
         Raises:
             StoreError: translated as in :meth:`savepoint`, also when the
-                block ends with the transaction aborted.
+                block ends with the transaction aborted, or after the
+                pipeline refused a call that a handler then caught.
         """
 
     def outage(self, exc: BaseException) -> StoreError | None:

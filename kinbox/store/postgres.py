@@ -30,6 +30,7 @@ from kinbox.store import migrations
 from kinbox.store.arrays import hex_array, int_array, text_array
 from kinbox.store.base import InboxTransaction, first_occurrences
 from kinbox.store.checkout import Checkout
+from kinbox.store.cursors import configure, forget, refused
 from kinbox.store.errors import aborted_at_commit, left_aborted, transient_cause, translate
 from kinbox.store.schema import INBOX
 from kinbox.traceparent import trace_id
@@ -62,6 +63,7 @@ class PostgresInboxStore:
             max_size=max(1, pool_size),
             open=False,
             check=self._checkout.check,
+            configure=configure,
             name="kinbox-inbox",
         )
         # One statement decides which events are fresh. The primary key
@@ -291,6 +293,8 @@ class _PostgresTransaction:
 
     @contextmanager
     def pipelined(self) -> Iterator[Callable[[], bool]]:
+        driver = self._driver
+        forget(driver)
         try:
             with self._conn.pipeline() as pipeline:
 
@@ -299,15 +303,30 @@ class _PostgresTransaction:
                         pipeline.sync()
                     except psycopg.Error:
                         return False
-                    return not _aborted(self._conn)
+                    return not _aborted(self._conn) and not refused(driver)
 
                 yield settle
         except psycopg.Error as exc:
             raise translate(exc, own=False) from exc
+        finally:
+            was_refused = refused(driver)
+            forget(driver)
         _raise_if_aborted(self._conn)
+        if was_refused:
+            # A handler caught it (one that raised it failed the pass already).
+            raise StoreError(
+                "NotSupportedError: a handler's COPY, stream() or server-side cursor was "
+                "refused in pipeline mode",
+                transient=False,
+            )
 
     def outage(self, exc: BaseException) -> StoreError | None:
         return transient_cause(exc)
+
+    @property
+    def _driver(self) -> object:
+        """The psycopg connection itself, whose cursors note a pipeline's refusals."""
+        return self._conn
 
 
 def _aborted(conn: psycopg.Connection[Any]) -> bool:

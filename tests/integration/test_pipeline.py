@@ -53,6 +53,10 @@ class Pipelines:
         self._amount = sql.SQL("INSERT INTO {}.amounts VALUES (%s, %s)").format(table)
         self._count = sql.SQL("UPDATE {}.counter SET n = n + 1").format(table)
         self._read = sql.SQL("SELECT count(*) FROM {}.effects").format(table)
+        self._copy = sql.SQL(
+            'COPY {}.effects (consumer, event_id, topic, partition, "offset", pid) FROM STDIN'
+        ).format(table)
+        self._find = sql.SQL("SELECT event_id FROM {}.effects WHERE event_id = %s").format(table)
 
     def close(self) -> None:
         self._store.close()
@@ -79,6 +83,16 @@ class Pipelines:
         self.note(event, tx)
         (before,) = tx.execute(self._read).fetchone()
         tx.execute(self._effect, (event.id, event.topic, event.partition, before))
+
+    def copying(self, event: Event, tx: Any) -> None:
+        """Writes its effect with COPY, reads it back with stream() and a server-side cursor."""
+        self.note(event, tx)
+        with tx.cursor().copy(self._copy) as copy:
+            copy.write_row(("g", event.id, event.topic, event.partition, event.offset, 0))
+        streamed = list(tx.cursor().stream(self._find, (event.id,)))
+        with tx.cursor(name="effects") as named:
+            named.execute(self._find, (event.id,))
+            assert named.fetchall() == streamed == [(event.id,)]
 
 
 def batch(first: int = 0) -> list[Any]:
@@ -183,5 +197,23 @@ def test_a_handler_reading_results_under_the_pipeline_sees_the_batch_so_far(
             (event_id, n) for n, event_id in enumerate(IDS)
         ]
         assert p.calls == [(event_id, True) for event_id in IDS]
+    finally:
+        p.close()
+
+
+def test_a_handler_using_copy_stream_or_a_server_cursor_is_applied_as_without_the_pipeline(
+    stack: Stack, schema: str, db: Conn
+) -> None:
+    p = Pipelines(stack, schema, db)
+    try:
+        # Given a handler writing with COPY and reading with stream() and a
+        # named cursor, all of which psycopg refuses in pipeline mode
+        result = run(p, p.copying, 0, 1)
+        # Then every event is applied once, on its first try: the pipelined
+        # pass was redone without the pipeline, and no event was blamed
+        assert (result.next_offset, result.applied, result.failure) == (6, 6, None)
+        assert [row[1] for row in effects(db, schema)] == IDS
+        assert p.calls[0] == ("e0", True)
+        assert p.calls[1:] == [(event_id, False) for event_id in IDS]
     finally:
         p.close()
