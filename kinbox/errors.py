@@ -7,7 +7,9 @@
     ├── EnvelopeError                                  bad/missing event id, undecodable payload
     ├── PayloadError(KinboxError, TypeError)           outbox payload/header not serialisable
     ├── StoreError                                     from psycopg errors; .transient
-    │   └── SchemaError                                kinbox tables missing or too old
+    │   ├── SchemaError                                kinbox tables missing or too old
+    │   └── ConflictError                              the server aborted the transaction over a
+    │                                                  conflict (serialization failure, deadlock)
     ├── TransportError                                 from KafkaException; .retriable
     │   └── FatalTransportError                        the Kafka client is unusable for good
     ├── ServiceError                                   a local dev service failed to start
@@ -91,6 +93,19 @@ class SchemaError(StoreError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, transient=False)
+
+
+class ConflictError(StoreError):
+    """PostgreSQL aborted the transaction to resolve a conflict with another one.
+
+    A serialization failure (``40001``) or a deadlock (``40P01``): trying
+    again may succeed, so it is ``transient``, but an event's conflicts are
+    retried a bounded number of times in a row before one counts as its try
+    (see :mod:`kinbox.apply.narrow`).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=True)
 
 
 class TransportError(KinboxError):

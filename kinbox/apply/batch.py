@@ -29,17 +29,21 @@ back; the events before the failed one are then applied again in a new
 transaction and committed, and the partition stops at the failed event, so
 its next try is the first record of a batch and ``attempt`` counts exactly its
 tries. A database error in a handler's statement is such a failure too,
-unless it is an outage (:mod:`kinbox.store.errors`).
+caught by the handler or not, unless it is an outage (:mod:`kinbox.store.errors`).
 
 Content the database refuses where no event is named — kinbox's claim of the
 batch's ids, COMMIT (a deferred constraint), the dead-letter bookkeeping — is
 pinned on its event by splitting the batch (:mod:`kinbox.apply.narrow`): an id that
 cannot be stored goes to the ``missing_id`` policy, a refused COMMIT counts
-as a try of its event. So no record stalls its partition. Only an outage (a
-transient error: also when seen inside a handler) rolls the whole batch back
-without counting a try. A dead letter the broker did not acknowledge counts
-no try either: the events before it commit, and the partition holds at it
-until the broker takes it (see :mod:`kinbox.apply.narrow`).
+as a try of its event, and so does a COMMIT of a transaction that an error a
+handler caught left aborted. So no record stalls its partition. Only an
+outage (the server or the connection gone: also when seen inside a handler)
+rolls the whole batch back without counting a try, and waits; a conflict (a
+serialization failure, a deadlock) is redone at once, a bounded number of
+times before it counts (:mod:`kinbox.apply.narrow`). A dead letter the broker
+did not acknowledge counts no try either: the events before it commit, and
+the partition holds at it until the broker takes it (see
+:mod:`kinbox.apply.narrow`).
 
 Ambiguous commit: when the connection is lost during COMMIT, kinbox cannot
 know whether the transaction committed, and does not guess. The batch is
@@ -63,11 +67,11 @@ from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
 from kinbox.apply.dispatch import Dispatcher
 from kinbox.apply.narrow import Plan, Refused, Settlement, Tally, Undeliverable
-from kinbox.apply.outcome import BatchResult, Failure, Step
+from kinbox.apply.outcome import BatchResult, Conflicted, Failure, Step
 from kinbox.apply.route import Route
 from kinbox.apply.skim import NOTHING, Skim, look_up
 from kinbox.consume.envelope import Record, derived_event, to_event
-from kinbox.errors import EnvelopeError, StoreError, TransportError
+from kinbox.errors import ConflictError, EnvelopeError, StoreError, TransportError
 from kinbox.event import Event
 from kinbox.failpoints import failpoint
 from kinbox.kafka.base import Publisher
@@ -270,7 +274,9 @@ class BatchProcessor:
 
         Raises:
             Refused: PostgreSQL refused the claim, COMMIT or a dead letter's
-                bookkeeping, not transiently.
+                bookkeeping, not transiently (or COMMIT met one conflict too
+                many).
+            Conflicted: a conflict, while ``plan`` retries them.
             HandlerFailed, Abandoned: see :meth:`Dispatcher.run`.
             Undeliverable: the broker did not take a dead letter.
             StoreError: the database failed; the batch must wait.
@@ -284,11 +290,13 @@ class BatchProcessor:
             events = left
         route = self._routes[events[0].topic]
         letters: list[Letter] = []
+        claimed = False  # the claim is done: a conflict now is the handlers' or COMMIT's
         ready = False  # the body ran to its end: a StoreError now is COMMIT's
         committing = 0  # when COMMIT began (time.time_ns), for after_step
         try:
             with self._stores[route.topic].transaction() as tx:
                 fresh = self._claim(tx, events)
+                claimed = True
                 runnable = []
                 for event in fresh:
                     error = plan.invalid.get(event.offset)
@@ -301,8 +309,9 @@ class BatchProcessor:
                             )
                         )
                 letters += self._dispatcher.run(
-                    tx, route, records, runnable, plan.verdicts, pipelined=plan.pipelined
-                )
+                    tx, route, records, runnable, plan.verdicts,
+                    pipelined=plan.pipelined, retry_conflict=plan.retries_conflict,
+                )  # fmt: skip
                 if letters:
                     letters.sort(key=lambda item: item.record.offset)
                     self._record(tx, fresh, letters, plan)
@@ -316,6 +325,17 @@ class BatchProcessor:
                 failpoint("before_db_commit")
                 ready = True
                 committing = self._now()
+        except ConflictError as exc:
+            # Kinbox's own statement or COMMIT: the handlers' conflicts come
+            # as Conflicted, or, past the bound, as their events' failures.
+            if ready:
+                self._step("commit", events[0], events, committing, error=exc)
+            if plan.retries_conflict(None):
+                raise Conflicted(exc) from exc
+            if claimed:
+                # COMMIT, or the deferred checks it runs: pinned on an event.
+                raise Refused("commit", exc) from exc
+            raise  # the claim's: it waits for the other claim of its ids
         except StoreError as exc:
             if ready:
                 self._step("commit", events[0], events, committing, error=exc)

@@ -13,6 +13,11 @@ a savepoint:
 
 - a database outage (:meth:`~kinbox.store.base.InboxTransaction.outage`): the batch fails
   as a whole and the try is not counted;
+- a conflict (:meth:`~kinbox.store.base.InboxTransaction.conflict`: the server
+  aborted the transaction to let another through) while the batch may still
+  retry conflicts: it is redone at once, the try not counted
+  (:class:`~kinbox.apply.outcome.Conflicted`); past that bound, the conflict
+  is a failure of the event like any other;
 - a failure to retry (not the event's last try): the partition stops at the
   event (:class:`HandlerFailed`) and the events before it are applied again;
 - a permanent failure (:class:`~kinbox.errors.DeadLetter`, a payload that
@@ -30,9 +35,10 @@ any retry.
 
 A handler's failure is judged by what it raised, wherever it came from: a
 database error in its own statements (a value too long for its column, an
-index row over the btree limit) is a failure of the event like any other
-exception, unless it is an outage (the store's driver has the one
-classification: :mod:`kinbox.store.errors` for PostgreSQL). A :class:`Verdict`
+index row over the btree limit, a statement in a transaction an error it
+caught earlier left aborted) is a failure of the event like any other
+exception, unless it is an outage or a conflict (the store's driver has the
+one classification: :mod:`kinbox.store.errors` for PostgreSQL). A :class:`Verdict`
 may also come from outside the handler:
 an event whose COMMIT PostgreSQL refused on its last try (see
 :mod:`kinbox.apply.narrow`) is dead-lettered here without its handler running.
@@ -55,7 +61,7 @@ from collections.abc import Callable, Mapping, Sequence
 from kinbox import cause
 from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
-from kinbox.apply.outcome import Verdict
+from kinbox.apply.outcome import Conflicted, Verdict
 from kinbox.apply.route import Route
 from kinbox.consume.envelope import Record
 from kinbox.describe import text
@@ -90,6 +96,7 @@ class Dispatcher:
         verdicts: Mapping[int, Verdict],
         *,
         pipelined: bool = False,
+        retry_conflict: Callable[[Event], bool] = lambda _event: True,
     ) -> list[Letter]:
         """Run ``route``'s handler over ``events`` in ``tx``; return the dead letters to record.
 
@@ -103,14 +110,19 @@ class Dispatcher:
                 means an optimistic pass, any means a careful one.
             pipelined: the optimistic pass may run pipelined (see
                 :class:`~kinbox.apply.route.HandlerKind`).
+            retry_conflict: whether a conflict an event's handler meets
+                redoes the batch (:class:`Conflicted`); false once the batch
+                has redone as many of the event's as it may in a row: then it
+                is the event's failure.
 
         Raises:
             HandlerFailed: a handler failed and the event will be tried again.
             Abandoned: an optimistic pass met a permanent failure.
             Unpipelined: a pipelined pass failed; redo the batch without it.
+            Conflicted: a handler met a conflict, to be retried at once.
             StoreError: the database went away (also when seen by a handler).
         """
-        calls = _Calls(self, tx, route, records)
+        calls = _Calls(self, tx, route, records, retry_conflict)
         runnable: list[Event] = []
         for event in events:
             verdict = verdicts.get(event.offset)
@@ -140,12 +152,19 @@ class Dispatcher:
         return route.max_attempts or self._max_attempts
 
     def permanent(
-        self, tx: InboxTransaction, route: Route, exc: Exception, attempt: int
+        self,
+        tx: InboxTransaction,
+        route: Route,
+        exc: Exception,
+        event: Event,
+        attempt: int,
+        retry_conflict: bool = False,
     ) -> str | None:
-        """The dead-letter reason if ``exc`` gives the event up, else ``None``.
+        """The dead-letter reason if ``exc`` gives ``event`` up on try ``attempt``, else ``None``.
 
         Raises:
             StoreError: ``exc`` comes from a database outage (re-raised as such).
+            Conflicted: ``exc`` comes from a conflict, and ``retry_conflict``.
         """
         if isinstance(exc, InvalidPayload):
             # The bytes will not change: never worth another try.
@@ -155,6 +174,10 @@ class Dispatcher:
         outage = tx.outage(exc)
         if outage is not None:
             raise outage from exc
+        if retry_conflict:
+            conflict = tx.conflict(exc)
+            if conflict is not None:
+                raise Conflicted(conflict, event) from exc
         if attempt < self.limit(route):
             return None
         return deadletter.RETRIES_EXHAUSTED if isinstance(exc, Retry) else deadletter.HANDLER_ERROR
@@ -172,11 +195,13 @@ class _Calls:
         tx: InboxTransaction,
         route: Route,
         records: Mapping[int, Record],
+        retry_conflict: Callable[[Event], bool],
     ) -> None:
         self._dispatcher = dispatcher
         self._tx = tx
         self._route = route
         self._records = records
+        self._retry_conflict = retry_conflict
         self.letters: list[Letter] = []
 
     @property
@@ -187,8 +212,11 @@ class _Calls:
     def limit(self) -> int:
         return self._dispatcher.limit(self._route)
 
-    def permanent(self, exc: Exception, attempt: int) -> str | None:
-        return self._dispatcher.permanent(self._tx, self._route, exc, attempt)
+    def permanent(self, exc: Exception, event: Event, attempt: int | None = None) -> str | None:
+        return self._dispatcher.permanent(
+            self._tx, self._route, exc, event,
+            event.attempt if attempt is None else attempt, self._retry_conflict(event),
+        )  # fmt: skip
 
     def dead_letter(self, event: Event, reason: str, error: BaseException) -> None:
         self.letters.append(

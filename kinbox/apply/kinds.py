@@ -16,7 +16,9 @@ conn)`` on the event loop that owns the transaction's ``AsyncConnection``
 connection, once, when the worker starts.
 
 Both kinds judge failures the same way, through :class:`~kinbox.apply.route.Calls`:
-an outage propagates, a failure that will be tried again stops the pass
+an outage propagates, a conflict redoes the batch at once (a bounded number
+of times: :class:`~kinbox.apply.outcome.Conflicted`), a failure that will be
+tried again stops the pass
 (:class:`~kinbox.apply.outcome.HandlerFailed`), a permanent one is either
 dead-lettered in place (careful pass) or abandons the optimistic pass
 (:class:`~kinbox.apply.outcome.Abandoned`) so the batch is redone carefully.
@@ -45,11 +47,12 @@ class EachEvent:
     The optimistic pass runs pipelined when allowed: the handlers' statements
     go out without a round trip each. A database error there is not blamed on
     the event that saw it (the statement that failed may be an earlier
-    event's): the pass raises :class:`Unpipelined`, and the batch is redone
-    with the plain optimistic pass, which blames the right event. So is a
-    pass in which the pipeline refused a call that works without it (a
-    COPY), caught or not. A handler's own exception, raised while every
-    statement so far has succeeded, is judged at once, as on the plain pass.
+    event's), and a handler that caught one returns as if nothing happened:
+    the pass raises :class:`Unpipelined`, and the batch is redone with the
+    plain optimistic pass, which blames the right event. So is a pass in
+    which the pipeline refused a call that works without it (a COPY), caught
+    or not. A handler's own exception, raised while every statement so far
+    has succeeded, is judged at once, as on the plain pass.
     """
 
     name = "event"
@@ -107,7 +110,7 @@ class EachEvent:
 
     def _judge(self, calls: Calls, event: Event, exc: Exception) -> None:
         """Stop the optimistic pass at ``event``, which raised ``exc``."""
-        reason = calls.permanent(exc, event.attempt)
+        reason = calls.permanent(exc, event)
         if reason is None:
             raise HandlerFailed(event, exc) from exc
         raise Abandoned(event, Verdict(reason, exc)) from exc
@@ -117,7 +120,7 @@ class EachEvent:
             with calls.tx.savepoint():
                 self._call(calls, event)
         except Exception as exc:
-            reason = calls.permanent(exc, event.attempt)
+            reason = calls.permanent(exc, event)
             if reason is None:
                 raise HandlerFailed(event, exc) from exc
             calls.dead_letter(event, reason, exc)
@@ -155,14 +158,14 @@ class WholeBatch:
                 self._call(calls, events)
             return
         except Exception as exc:
-            if calls.permanent(exc, attempt) is None:
+            if calls.permanent(exc, events[0]) is None:
                 raise HandlerFailed(events[0], exc) from exc
         for event in events:
             try:
                 with calls.tx.savepoint():
                     self._call(calls, [event])
             except Exception as exc:
-                reason = calls.permanent(exc, max(attempt, calls.limit))
+                reason = calls.permanent(exc, event, max(attempt, calls.limit))
                 assert reason is not None
                 calls.dead_letter(event, reason, exc)
 

@@ -45,11 +45,27 @@ transient error anywhere also rolls back and waits, as before; narrowing
 only ever acts on refusals. Every step either commits events or halves the
 part being tried, so finding one culprit costs about 2·log2(batch size)
 extra transactions, and only when something was refused.
+
+A *conflict* — the server aborted the transaction to let another through: a
+serialization failure or a deadlock — is nobody's failure, and the same
+transaction usually succeeds when tried again. So the part is redone at
+once, after a short random pause (so two partitions that deadlocked do not
+meet again in step), without counting a try: up to :data:`CONFLICT_RETRIES`
+times for the same event's handler (or for COMMIT and kinbox's own
+statements) before the part commits. One more, and it counts: a handler's conflict as a try of
+its event (dead-lettered on its last try, like any failure), a conflict at
+COMMIT as a refused COMMIT, narrowed down as above. So a conflict that comes
+back every time holds its partition for a bounded number of tries, never
+forever. (A conflict of kinbox's own claim is with another transaction
+claiming the same ids, which decides whether they are fresh: the partition
+waits for it, as for a lock.)
 """
 
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -59,6 +75,7 @@ from kinbox.apply.deadletter import Letter
 from kinbox.apply.outcome import (
     Abandoned,
     BatchResult,
+    Conflicted,
     Failure,
     HandlerFailed,
     Unpipelined,
@@ -71,6 +88,12 @@ from kinbox.event import Event
 log = logging.getLogger(__name__)
 
 Where = Literal["claim", "commit", "record"]
+
+CONFLICT_RETRIES = 3
+"""Conflicts of one event's handler a batch redoes at once, counting no try; the next counts."""
+
+CONFLICT_PAUSE = 0.05
+"""Seconds: the n-th redo after a conflict waits a random time up to this * 2**(n-1)."""
 
 
 class Undeliverable(Exception):
@@ -109,6 +132,13 @@ class Plan:
     """Offsets whose dead-letter reason is recorded as the bare reason code."""
     pipelined: bool = True
     """Whether the optimistic pass may run pipelined: until a pipelined pass failed."""
+    conflicts: dict[int | None, int] = field(default_factory=dict)
+    """Conflicts redone since the last commit, by the offset of the event whose
+    handler met them (``None``: kinbox's own statements, COMMIT)."""
+
+    def retries_conflict(self, event: Event | None) -> bool:
+        """Whether ``event``'s next conflict is redone at once (else it counts as a failure)."""
+        return self.conflicts.get(None if event is None else event.offset, 0) < CONFLICT_RETRIES
 
 
 @dataclass(frozen=True)
@@ -125,8 +155,9 @@ Apply = Callable[[list[Event], Plan], Tally]
 
 Raises :class:`Refused`, :class:`Undeliverable`,
 :class:`~kinbox.apply.outcome.HandlerFailed`, :class:`~kinbox.apply.outcome.Abandoned`,
-:class:`~kinbox.apply.outcome.Unpipelined`, or :class:`~kinbox.errors.StoreError` for
-what must wait.
+:class:`~kinbox.apply.outcome.Unpipelined`, :class:`~kinbox.apply.outcome.Conflicted`
+(only while the plan says to retry conflicts), or :class:`~kinbox.errors.StoreError`
+for what must wait.
 """
 
 
@@ -176,6 +207,9 @@ class Settlement:
             except Unpipelined:
                 self._plan.pipelined = False  # the same part again, one statement at a time
                 continue
+            except Conflicted as exc:
+                self._conflicted(part, exc)
+                continue
             except Abandoned as exc:
                 self._plan.verdicts[exc.event.offset] = exc.verdict
                 continue
@@ -219,6 +253,7 @@ class Settlement:
             self._applied += tally.applied
             self._duplicates += tally.duplicates
             self._letters += tally.letters
+            self._plan.conflicts.clear()
             # Committed: next, the rest of the refused part (the refusal is
             # there), or, once it is settled, everything left.
             self._start = end
@@ -265,6 +300,25 @@ class Settlement:
             extra=_position(event),
         )  # fmt: skip
         return "wait"
+
+    def _conflicted(self, part: list[Event], exc: Conflicted) -> None:
+        """Say so, and pause a moment before ``part`` is redone after a conflict."""
+        key = None if exc.event is None else exc.event.offset
+        seen = self._plan.conflicts[key] = self._plan.conflicts.get(key, 0) + 1
+        first = part[0]
+        whose = (
+            "COMMIT or kinbox's own statement"
+            if exc.event is None
+            else f"the handler of offset {exc.event.offset}"
+        )
+        log.warning(
+            "%s[%d]@%d..%d: the server aborted the transaction over a conflict with another, "
+            "met by %s (%s); redoing it (%d of %d in a row; no try counted)",
+            first.topic, first.partition, first.offset, part[-1].offset, whose, exc,
+            seen, CONFLICT_RETRIES,
+            extra={"topic": first.topic, "partition": first.partition, "offset": first.offset},
+        )  # fmt: skip
+        time.sleep(random.uniform(0, CONFLICT_PAUSE * 2 ** (seen - 1)))
 
     def _wait(self, part: list[Event], error: BaseException) -> Failure:
         """The partition waits at ``part``'s first event (an outage: no try counted)."""

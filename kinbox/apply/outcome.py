@@ -1,8 +1,8 @@
 """What became of one partition batch: :class:`BatchResult`, :class:`Failure`, each :class:`Step`.
 
 Also the control flow that carries a handler's failure out of a transaction
-(:class:`HandlerFailed`, :class:`Abandoned`, with a :class:`Verdict`, and
-:class:`Unpipelined`).
+(:class:`HandlerFailed`, :class:`Abandoned`, with a :class:`Verdict`,
+:class:`Unpipelined`, and :class:`Conflicted`).
 
 A leaf shared by the batch processor, the runner, the failure policy and the
 middleware; it imports nothing of them, so no circle forms between them.
@@ -161,6 +161,21 @@ class Unpipelined(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(describe(cause))
         self.cause = cause
+
+
+class Conflicted(Exception):
+    """The server aborted the transaction over a conflict with another: roll back, redo at once.
+
+    A serialization failure or a deadlock (:class:`~kinbox.errors.ConflictError`),
+    met by ``event``'s handler, or (``event`` ``None``) by kinbox's own
+    statement or COMMIT. Not a try of any event; :mod:`kinbox.apply.narrow`
+    bounds how many come in a row.
+    """
+
+    def __init__(self, cause: BaseException, event: Event | None = None) -> None:
+        super().__init__(describe(cause))
+        self.cause = cause
+        self.event = event
 
 
 class Abandoned(Exception):

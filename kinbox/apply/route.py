@@ -35,11 +35,14 @@ class Calls(Protocol):
     def limit(self) -> int:
         """Tries before an event of this route is dead-lettered."""
 
-    def permanent(self, exc: Exception, attempt: int) -> str | None:
-        """The dead-letter reason if ``exc`` on try ``attempt`` gives the event up, else ``None``.
+    def permanent(self, exc: Exception, event: Event, attempt: int | None = None) -> str | None:
+        """The dead-letter reason if ``exc`` gives ``event`` up, else ``None``.
+
+        ``attempt``: the try to judge it as, if not the event's own.
 
         Raises:
             StoreError: ``exc`` comes from a database outage.
+            Conflicted: ``exc`` comes from a conflict the batch retries at once.
         """
 
     def dead_letter(self, event: Event, reason: str, error: BaseException) -> None:

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from kinbox.errors import StoreError
+    from kinbox.errors import ConflictError, StoreError
     from kinbox.event import Event
 
 
@@ -58,8 +58,8 @@ class InboxTransaction(Protocol):
         """A nested transaction: an exception inside rolls back only its work.
 
         Database errors inside (the handler's) are translated to
-        :class:`~kinbox.errors.StoreError`, transient only for an outage
-        (:func:`kinbox.store.errors.transient` with ``own=False``).
+        :class:`~kinbox.errors.StoreError`, transient only for an outage or a
+        conflict (:func:`kinbox.store.errors.blame` with ``own=False``).
 
         Raises:
             StoreError: also when the block ends normally but left the
@@ -106,8 +106,19 @@ class InboxTransaction(Protocol):
         A handler works on the raw connection, so a server restart surfaces as
         whatever it raises, often the driver's own error or one chained to it.
         Such a failure says nothing about the event: the batch is retried
-        without counting a try. The store knows its driver's error codes, so
-        the core never has to.
+        without counting a try. Only evidence that the server or the
+        connection is gone makes an outage; any other error of the
+        handler's, caught by it or not, is the event's. The store knows its
+        driver's error codes and connection, so the core never has to.
+        """
+
+    def conflict(self, exc: BaseException) -> ConflictError | None:
+        """The conflict behind ``exc`` (what a handler raised), or ``None``.
+
+        The server aborted the transaction to let another through (a
+        serialization failure, a deadlock): not the event's fault, and
+        trying again usually succeeds. The caller retries a bounded number
+        of times before it counts as a try.
         """
 
 

@@ -1,114 +1,181 @@
-"""Which PostgreSQL errors are an outage and which are the event's: one classification.
+"""Whose fault a PostgreSQL error is: the server's, a conflict's or the event's; one classification.
 
-Every psycopg error kinbox sees is sorted by :func:`transient`, wherever it
-was raised (kinbox's own statements through :func:`translate`, a handler's
-through :func:`transient_cause`, COMMIT through the store):
+Every psycopg error kinbox sees is judged by :func:`blame`, wherever it was
+raised (kinbox's own statements and COMMIT through :func:`translate`, what a
+handler raised through :func:`behind`), from evidence about the server and
+the connection the statement ran on, never from the Python type alone:
 
-*Transient* — the database, not the event. The batch rolls back, no try is
-counted, the partition waits and is retried with backoff:
+*Outage* — the server or the connection is gone. The batch rolls back, no try
+is counted, the partition waits and is retried with backoff, for as long as
+it takes:
 
-- no SQLSTATE on an ``OperationalError``, or any ``InterfaceError``: the
-  connection failed or was lost on the client side (also during COMMIT);
+- the connection is broken (psycopg lost it: ``conn.broken``), whatever was
+  raised, also during COMMIT (then whether it committed is unknown: see
+  :mod:`kinbox.apply.batch`);
+- no connection could be had: a failed connect, the pool's timeout (an
+  ``OperationalError`` or ``InterfaceError`` raised with no connection in hand);
 - class ``08`` connection exception;
-- class ``40`` transaction rollback (``40001`` serialization failure,
-  ``40P01`` deadlock, ``40003`` completion unknown), except ``40002``,
-  an integrity violation;
+- ``57P01`` to ``57P05``: admin or crash shutdown, cannot connect now, database
+  dropped, idle-session timeout (the rest of class ``57`` is below);
 - class ``53`` insufficient resources (disk full, out of memory, too many
-  connections, configuration limit);
-- class ``57`` operator intervention (admin/crash shutdown, cannot connect
-  now, database dropped, idle-session timeout), except ``57014``, below;
-- class ``58`` system error (I/O error, a file missing);
-- ``XX001``/``XX002`` data or index corrupted: every event touching it would
-  fail, so they must wait for the operator rather than be dead-lettered;
-- ``25006`` read-only transaction: connected to a standby (failover).
+  connections), except ``53400``: PostgreSQL raises it for ``temp_file_limit``,
+  a limit of the session that one statement's work exceeds, so it is the
+  statement's;
+- ``25006`` read-only transaction, when the server refuses writes to every
+  transaction: it reports ``in_hot_standby`` or ``default_transaction_read_only``
+  on (a failover left the connection on a standby; an operator stopped
+  writes), or is too old (< 14) to report them. On a writable primary the
+  handler made its own transaction read-only: the event's.
 
-*Waits* — ``55P03`` lock not available (``lock_timeout``) and ``57014``
-query cancelled (``statement_timeout``, or ``pg_cancel_backend``). They depend
-on who waited:
+*Conflict* — ``40001`` serialization failure, ``40P01`` deadlock: the server
+aborted this transaction to let another one through. Not the event's fault,
+and trying again usually succeeds, but it may not ever: the event's
+transaction is retried at once a bounded number of times in a row, without
+counting a try, and then the conflict counts as one
+(:data:`kinbox.apply.narrow.CONFLICT_RETRIES`). The rest of class ``40``
+(``40002`` integrity violation, ``40003`` completion unknown) is the event's.
 
-- in kinbox's **own** statements (the claim, the dead-letter bookkeeping)
-  they are transient. The claim waits only when another transaction holds
-  the same ``processed_events`` row — the previous owner of the partition
-  during a rebalance, still finishing its batch. That is never the event's
-  fault, and must never get it dead-lettered.
-- in a **handler's** statements, or at COMMIT (a deferred constraint's
-  check), they count as a try: a poison event can make its handler wait or
-  run too long every time, and must not hold its partition forever.
+*Wait* — ``55P03`` lock not available (``lock_timeout``) and ``57014`` query
+cancelled (``statement_timeout``, ``pg_cancel_backend``), in kinbox's **own**
+statements only (the claim, the dead-letter bookkeeping). The claim waits
+only while another transaction holds the same ``processed_events`` row — the
+previous owner of the partition during a rebalance, still finishing its batch.
+That is never the event's fault, and no verdict is possible until that
+transaction ends: it may still commit the event. So it waits, unbounded,
+saying so in the log at every try. In a **handler's** statements, or at
+COMMIT, they are the event's: a poison event can make its handler wait or run
+too long every time, and must not hold its partition forever.
 
-*Everything else* is not transient: data exceptions (class ``22``: a value
-too long for ``varchar(n)``, an untranslatable character, NUL), integrity
-violations (class ``23``, also raised by a deferred constraint at COMMIT),
-``54000`` program limit exceeded (an index row over the btree limit),
-errors a user's trigger raises, programming errors (class ``42``), and
-client-side refusals with no SQLSTATE (psycopg will not send NUL in text).
-Raised by a handler's statement or at COMMIT, such an error is a failure of
-the event and counts as a try (see :mod:`kinbox.apply.narrow` for how the event is
-found when COMMIT cannot say which one it was). Raised by kinbox's own
-statements it is narrowed down the same way: see :mod:`kinbox.apply.narrow`.
+*The event's* — everything else, wherever the handler's transaction raised
+it, and whether the handler let it through or caught it: a try of the event,
+counted towards ``max_attempts``. That is data exceptions (class ``22``: a
+value too long for ``varchar(n)``, an untranslatable character, NUL),
+integrity violations (class ``23``, also raised by a deferred constraint at
+COMMIT), ``25P02`` in failed transaction and psycopg's ``PipelineAborted``
+(a statement failed earlier and the error was caught), ``54000`` program limit
+exceeded, errors a user's trigger raises, programming errors (class ``42``),
+class ``58`` system errors and ``XX001``/``XX002`` corrupted data (a handler
+can meet a missing file or a damaged page that only its event's rows touch;
+a damage every event meets fails every handler, and the circuit breaker
+pauses the member before the topic is emptied), and what psycopg refuses on
+a healthy connection with no SQLSTATE (NUL in text, COPY in pipeline mode,
+an operation on a connection the handler closed itself). See
+:mod:`kinbox.apply.narrow` for how the event is found when the statement that
+failed cannot say which one it was.
 """
 
 from __future__ import annotations
 
+from typing import Any, Literal, Protocol
+
 import psycopg
 
 from kinbox.describe import describe
-from kinbox.errors import StoreError
+from kinbox.errors import ConflictError, StoreError
 
-_TRANSIENT_CLASSES = frozenset({"08", "40", "53", "57", "58"})
-_NOT_TRANSIENT = frozenset({"40002", "57014"})
-_TRANSIENT_STATES = frozenset({"XX001", "XX002", "25006"})
+Blame = Literal["outage", "conflict", "wait", "event"]
+"""Whose fault an error is: see the module's docstring."""
+
+_OUTAGE_CLASSES = frozenset({"08", "53"})
+_OUTAGE_STATES = frozenset({"57P01", "57P02", "57P03", "57P04", "57P05"})
+_THE_STATEMENTS = frozenset({"53400"})  # temp_file_limit: one statement's work
+_CONFLICTS = frozenset({"40001", "40P01"})
 _WAITS = frozenset({"55P03", "57014"})
 
 
-def transient(exc: BaseException, *, own: bool) -> bool:
-    """Whether ``exc`` (a psycopg error) comes from the database rather than the event.
+class Connection(Protocol):
+    """What the classification reads of a connection (psycopg's, sync or async, or a fake)."""
+
+    @property
+    def broken(self) -> bool:
+        """Whether the connection was lost (not closed by a client call)."""
+
+
+def blame(exc: BaseException, conn: Connection | None = None, *, own: bool = True) -> Blame:
+    """Whose fault ``exc`` (a psycopg error) is.
 
     Args:
         exc: the error.
+        conn: the connection the statement ran on; ``None`` when none was
+            had (connecting, taking one from the pool).
         own: it was raised by kinbox's own statement (the claim, the
             dead-letter bookkeeping, migrations), not by a handler's or COMMIT.
     """
-    if isinstance(exc, psycopg.InterfaceError):
-        return True
+    if conn is not None and conn.broken:
+        return "outage"
     if not isinstance(exc, psycopg.Error):
-        return False
+        return "event"
     state = exc.sqlstate
     if state is None:
-        return isinstance(exc, psycopg.OperationalError)
+        # psycopg's own: without a connection in hand, a failed connect (the
+        # pool's timeout is an OperationalError too); on a connection that
+        # is not broken, nothing about the server.
+        gone = isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+        return "outage" if conn is None and gone else "event"
+    if state in _OUTAGE_STATES or (state[:2] in _OUTAGE_CLASSES and state not in _THE_STATEMENTS):
+        return "outage"
+    if state == "25006" and _refuses_writes(conn):
+        return "outage"
+    if state in _CONFLICTS:
+        return "conflict"
     if own and state in _WAITS:
-        return True
-    if state in _NOT_TRANSIENT:
-        return False
-    return state[:2] in _TRANSIENT_CLASSES or state in _TRANSIENT_STATES
+        return "wait"
+    return "event"
 
 
-def translate(exc: BaseException, *, own: bool = True) -> StoreError:
+def _refuses_writes(conn: Connection | None) -> bool:
+    """Whether the server refuses writes to every transaction, as far as it reports."""
+    info: Any = getattr(conn, "info", None)
+    if info is None:
+        return True  # nothing to tell by: as the server would, for every event
+    standby = info.parameter_status("in_hot_standby")
+    if standby is None:
+        return True  # a server before 14 does not report it
+    return "on" in (standby, info.parameter_status("default_transaction_read_only"))
+
+
+def translate(
+    exc: BaseException, conn: Connection | None = None, *, own: bool = True
+) -> StoreError:
     """Return the :class:`StoreError` for a psycopg (or pool) exception.
 
-    ``own``: see :func:`transient`; false for a handler's statements and COMMIT.
+    A conflict is a :class:`~kinbox.errors.ConflictError`; an outage and a
+    wait are ``transient``. Args: see :func:`blame`.
     """
-    return StoreError(describe(exc), transient=transient(exc, own=own))
+    verdict = blame(exc, conn, own=own)
+    if verdict == "conflict":
+        return ConflictError(describe(exc))
+    return StoreError(describe(exc), transient=verdict != "event")
 
 
-def transient_cause(exc: BaseException) -> StoreError | None:
-    """Return a transient :class:`StoreError` if ``exc`` comes from the database going away.
+def behind(exc: BaseException, conn: Connection) -> StoreError | None:
+    """The database's part in ``exc``, what a handler raised on ``conn``: an outage, a conflict.
 
-    A handler works on the raw psycopg connection, so a server restart or a
-    killed backend surfaces as whatever the handler raises, usually the
-    psycopg error itself or an error chained to it. Such a failure says
-    nothing about the event: it must be retried without counting towards the
-    event's ``max_attempts``, never dead-lettered. A handler's statements are
-    not kinbox's own: a lock or statement timeout there counts as a try.
+    Returns a transient :class:`StoreError` for an outage, a
+    :class:`~kinbox.errors.ConflictError` for a conflict, or ``None`` when the
+    failure is the event's. A handler works on the raw connection, so a
+    server restart surfaces as whatever it raises: the psycopg error itself,
+    an error chained to it (an ORM's), or anything at all once the
+    connection is lost. So the connection is asked first, then every psycopg
+    error in the chain, judged as a handler's statement. A
+    :class:`StoreError` in the chain is trusted only when no psycopg error
+    underlies it (kinbox raised it on its own evidence); one translated from
+    psycopg's is judged again here, on the connection's evidence.
     """
+    if conn.broken:
+        return StoreError(f"the connection was lost: {describe(exc)}", transient=True)
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, StoreError):
+        cause = current.__cause__ or current.__context__
+        if isinstance(current, psycopg.Error):
+            verdict = blame(current, conn, own=False)
+            if verdict != "event":
+                return translate(current, conn, own=False)
+        elif isinstance(current, StoreError) and not isinstance(cause, psycopg.Error):
             return current if current.transient else None
-        if isinstance(current, psycopg.Error) and transient(current, own=False):
-            return translate(current, own=False)
-        current = current.__cause__ or current.__context__
+        current = cause
     return None
 
 

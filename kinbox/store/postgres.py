@@ -23,7 +23,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from kinbox.describe import describe, storable
-from kinbox.errors import SchemaError, StoreError
+from kinbox.errors import ConflictError, SchemaError, StoreError
 from kinbox.event import Event
 from kinbox.names import sql_identifier
 from kinbox.store import migrations
@@ -31,11 +31,12 @@ from kinbox.store.arrays import hex_array, int_array, text_array
 from kinbox.store.base import InboxTransaction, first_occurrences
 from kinbox.store.checkout import Checkout
 from kinbox.store.cursors import configure, forget, refused
-from kinbox.store.errors import aborted_at_commit, left_aborted, transient_cause, translate
+from kinbox.store.errors import aborted_at_commit, behind, left_aborted, translate
 from kinbox.store.schema import INBOX
 from kinbox.traceparent import trace_id
 
 _INERROR = psycopg.pq.TransactionStatus.INERROR
+_PIPELINE_ABORTED = psycopg.pq.PipelineStatus.ABORTED
 
 
 class PostgresInboxStore:
@@ -152,8 +153,10 @@ class PostgresInboxStore:
     @contextmanager
     def transaction(self) -> Iterator[InboxTransaction]:
         """See :meth:`InboxStore.transaction`."""
+        held: psycopg.Connection[Any] | None = None  # none yet: taking one failed
         try:
             with self._pool.connection() as conn:
+                held = conn
                 try:
                     with conn.transaction():
                         yield self._transaction_type(conn, self._consumer, self)
@@ -168,7 +171,7 @@ class PostgresInboxStore:
             # What gets here untranslated comes from taking a connection,
             # BEGIN, COMMIT or ROLLBACK: COMMIT runs the handlers' deferred
             # checks, so it is judged as their statements are.
-            raise translate(exc, own=False) from exc
+            raise translate(exc, held, own=False) from exc
 
     def known(self, ids: Collection[str]) -> set[str]:
         """See :meth:`InboxStore.known`: one statement, in autocommit, on a pool connection."""
@@ -182,14 +185,17 @@ class PostgresInboxStore:
                     conn.autocommit = True
                     # Planned for each call (never a cached generic plan): the
                     # plan then follows the table's size as it grows.
-                    rows = conn.execute(
-                        self._known, (text_array(list(ids)), self._consumer), prepare=False
-                    ).fetchall()
+                    try:
+                        rows = conn.execute(
+                            self._known, (text_array(list(ids)), self._consumer), prepare=False
+                        ).fetchall()
+                    except psycopg.Error as exc:
+                        raise translate(exc, conn) from exc
                 finally:
                     if not conn.closed:
                         conn.autocommit = False
                     self._checkout.given_back(conn)
-        except psycopg.Error as exc:
+        except psycopg.Error as exc:  # taking a connection, or setting autocommit
             raise translate(exc) from exc
         except ValueError as exc:  # an id the client encoding cannot encode
             raise StoreError(describe(exc), transient=False) from exc
@@ -248,7 +254,7 @@ class _PostgresTransaction:
             try:
                 rows = self._conn.execute(statement, params).fetchall()
             except psycopg.Error as exc:
-                raise translate(exc) from exc
+                raise translate(exc, self._conn) from exc
             except ValueError as exc:
                 # psycopg encodes parameters before sending: an id the client
                 # encoding has no code for fails here, as a UnicodeEncodeError.
@@ -261,7 +267,7 @@ class _PostgresTransaction:
         try:
             self._conn.execute(self._store._dead_letter, (text, self._consumer, event.id))
         except psycopg.Error as exc:
-            raise translate(exc) from exc
+            raise translate(exc, self._conn) from exc
         except ValueError as exc:
             raise StoreError(describe(exc), transient=False) from exc
 
@@ -271,7 +277,7 @@ class _PostgresTransaction:
         try:
             self._conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
         except psycopg.Error as exc:
-            raise translate(exc, own=False) from exc
+            raise translate(exc, self._conn, own=False) from exc
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -284,7 +290,7 @@ class _PostgresTransaction:
                 # psycopg roll back to the savepoint instead.
                 _raise_if_aborted(self._conn)
         except psycopg.Error as exc:
-            raise translate(exc, own=False) from exc
+            raise translate(exc, self._conn, own=False) from exc
 
     def unguarded(self) -> AbstractContextManager[None]:
         # One object per transaction, not a generator per call: the optimistic
@@ -307,7 +313,7 @@ class _PostgresTransaction:
 
                 yield settle
         except psycopg.Error as exc:
-            raise translate(exc, own=False) from exc
+            raise translate(exc, self._conn, own=False) from exc
         finally:
             was_refused = refused(driver)
             forget(driver)
@@ -321,7 +327,12 @@ class _PostgresTransaction:
             )
 
     def outage(self, exc: BaseException) -> StoreError | None:
-        return transient_cause(exc)
+        found = behind(exc, self._conn)
+        return None if isinstance(found, ConflictError) else found
+
+    def conflict(self, exc: BaseException) -> ConflictError | None:
+        found = behind(exc, self._conn)
+        return found if isinstance(found, ConflictError) else None
 
     @property
     def _driver(self) -> object:
@@ -330,10 +341,16 @@ class _PostgresTransaction:
 
 
 def _aborted(conn: psycopg.Connection[Any]) -> bool:
-    """Whether ``conn``'s transaction is aborted (a statement in it failed)."""
-    # libpq tracks the status locally: no round trip (and through pgconn,
-    # not conn.info, which builds an object per call: this runs per event).
-    return conn.pgconn.transaction_status == _INERROR
+    """Whether ``conn``'s transaction is aborted (a statement in it failed).
+
+    In pipeline mode the transaction's status reads active until the
+    pipeline is synced, but the pipeline's own says aborted as soon as a
+    failed statement's result has been read (a handler's fetch did).
+    """
+    # libpq tracks both locally: no round trip (and through pgconn, not
+    # conn.info, which builds an object per call: this runs per event).
+    pgconn = conn.pgconn
+    return pgconn.transaction_status == _INERROR or pgconn.pipeline_status == _PIPELINE_ABORTED
 
 
 def _raise_if_aborted(conn: psycopg.Connection[Any]) -> None:
@@ -360,7 +377,7 @@ class _Unguarded:
         traceback: TracebackType | None,
     ) -> None:
         if isinstance(exc, psycopg.Error):
-            raise translate(exc, own=False) from exc
+            raise translate(exc, self._conn, own=False) from exc
         if exc is None:
             # Without a savepoint, the next handler's first statement would
             # fail and take the blame.

@@ -20,10 +20,10 @@ from typing import Any, NoReturn
 import psycopg
 
 from kinbox.describe import storable
-from kinbox.errors import StoreError
+from kinbox.errors import ConflictError, StoreError
 from kinbox.event import Event
 from kinbox.store.base import first_occurrences
-from kinbox.store.errors import aborted_at_commit, left_aborted, transient_cause, translate
+from kinbox.store.errors import aborted_at_commit, behind, left_aborted, translate
 from kinbox.testing.awaiting import AwaitsAlone
 
 
@@ -54,7 +54,8 @@ class FakeConn:
 
     A handler "writes" by appending to :attr:`effects`; what a transaction (or
     a savepoint) appended goes when it rolls back. A handler simulates a
-    statement the database refuses with :meth:`fail`.
+    statement the database refuses with :meth:`fail`, and the connection
+    going away under it with :meth:`lose`.
     """
 
     def __init__(self, effects: list[Any]) -> None:
@@ -63,11 +64,18 @@ class FakeConn:
         self.aborted = False
         """A statement failed and no savepoint has rolled back since (PostgreSQL's
         "current transaction is aborted"): kinbox's statements fail until then."""
+        self.broken = False
+        """The connection was lost (psycopg's ``broken``): an outage, whatever is raised."""
 
     def fail(self, exc: psycopg.Error) -> NoReturn:
         """Raise ``exc`` as a refused statement would, leaving the transaction aborted."""
         self.aborted = True
         raise exc
+
+    def lose(self, exc: psycopg.Error | None = None) -> NoReturn:
+        """Raise ``exc`` as a statement whose connection went away would; the rest fail too."""
+        self.aborted = self.broken = True
+        raise exc or psycopg.OperationalError("server closed the connection unexpectedly")
 
 
 class FakeTransaction(AwaitsAlone):
@@ -138,7 +146,7 @@ class FakeTransaction(AwaitsAlone):
             yield
         except psycopg.Error as exc:
             self._roll_back_to(mark)
-            raise translate(exc, own=False) from exc
+            raise translate(exc, self.connection, own=False) from exc
         except BaseException:
             self._roll_back_to(mark)
             raise
@@ -154,7 +162,7 @@ class FakeTransaction(AwaitsAlone):
         try:
             yield
         except psycopg.Error as exc:
-            raise translate(exc, own=False) from exc
+            raise translate(exc, self.connection, own=False) from exc
         if self.connection.aborted:
             raise left_aborted()
 
@@ -171,9 +179,17 @@ class FakeTransaction(AwaitsAlone):
 
     def outage(self, exc: BaseException) -> StoreError | None:
         """See :meth:`~kinbox.store.base.InboxTransaction.outage` (the real store's rule)."""
-        return transient_cause(exc)
+        found = behind(exc, self.connection)
+        return None if isinstance(found, ConflictError) else found
+
+    def conflict(self, exc: BaseException) -> ConflictError | None:
+        """See :meth:`~kinbox.store.base.InboxTransaction.conflict` (the real store's rule)."""
+        found = behind(exc, self.connection)
+        return found if isinstance(found, ConflictError) else None
 
     def _usable(self) -> None:
+        if self.connection.broken:
+            raise StoreError("OperationalError: the connection is lost", transient=True)
         if self.connection.aborted:
             raise _aborted()
 
@@ -211,7 +227,8 @@ class FakeStore:
     As the real store, a transaction left aborted (a handler swallowed a
     refused statement, see :meth:`FakeConn.fail`) does not commit: leaving
     its block raises a :class:`~kinbox.errors.StoreError`, not transient, and
-    everything of it is rolled back.
+    everything of it is rolled back. One whose connection was lost
+    (:meth:`FakeConn.lose`) raises a transient one.
 
     Transactions opened from several threads (the runner applies partitions
     side by side) run one at a time: a second one waits for the first to end,
@@ -275,6 +292,8 @@ class FakeStore:
         self._before = saved[1]
         try:
             yield tx
+            if tx.connection.broken:
+                raise StoreError("OperationalError: the connection is lost", transient=True)
             if tx.connection.aborted:
                 raise aborted_at_commit()
             self.check_deferred(saved[3])

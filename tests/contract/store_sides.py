@@ -94,7 +94,7 @@ class FakeSide:
         tx.connection.fail(psycopg.errors.DivisionByZero("division by zero"))
 
     def outage(self, tx: InboxTransaction) -> None:
-        tx.connection.fail(psycopg.OperationalError("server closed the connection unexpectedly"))
+        tx.connection.lose(psycopg.OperationalError("server closed the connection unexpectedly"))
 
     @contextlib.contextmanager
     def answer_lost(self) -> Iterator[None]:

@@ -255,12 +255,17 @@ def test_outage_tells_a_database_outage_from_the_events_fault(inbox: StoreSide) 
             with tx.savepoint():
                 inbox.refused(tx)
         except StoreError as exc:
-            assert tx.outage(exc) is None
+            assert tx.outage(exc) is None and tx.conflict(exc) is None
         try:
             inbox.refused(tx)
         except psycopg.Error as exc:
-            assert tx.outage(exc) is None
+            assert tx.outage(exc) is None and tx.conflict(exc) is None
             assert tx.outage(RuntimeError("wrapped")) is None
+        # The same error caught: what the handler's next statement meets is its own too
+        try:
+            inbox.write(tx, "a")
+        except psycopg.Error as exc:
+            assert tx.outage(exc) is None and tx.conflict(exc) is None
     # The connection goes away under a handler: an outage, also when wrapped
     with pytest.raises((StoreError, psycopg.Error)), inbox.store.transaction() as tx:
         tx.claim([ev("b", 1)])

@@ -26,7 +26,8 @@ def async_app() -> App:
         if event.attempt < payload.get("fail_until", 0):
             raise RuntimeError(f"try {event.attempt} fails")
         if payload.get("outage"):
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
+            # The server ends this backend, as a restart would: the connection is lost.
+            await tx.execute("SELECT pg_terminate_backend(pg_backend_pid())")
         await tx.execute("INSERT INTO effects VALUES (%s, %s)", (event.id, str(payload["value"])))
 
     return app

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-import psycopg
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 from hypothesis import given
@@ -12,7 +11,6 @@ from hypothesis import strategies as st
 
 from kinbox.describe import clean, describe, storable, text, type_name
 from kinbox.kafka.consumer import to_record
-from kinbox.store.errors import transient, transient_cause, translate
 from kinbox.testing import postgres_accepts
 
 pytestmark = pytest.mark.unit
@@ -59,52 +57,6 @@ def test_describe_never_raises() -> None:
     assert type_name(ValueError()) == "ValueError"
     assert len(describe(ValueError("é" * 10_000)).encode()) <= 1000
     assert text(b"\xff") == "b'\\xff'"
-
-
-@pytest.mark.parametrize(
-    ("error", "own", "expected"),
-    [
-        (psycopg.OperationalError("server closed the connection unexpectedly"), False, True),
-        (psycopg.InterfaceError("the connection is closed"), False, True),
-        (psycopg.errors.AdminShutdown(), False, True),
-        (psycopg.errors.CannotConnectNow(), False, True),
-        (psycopg.errors.SerializationFailure(), False, True),
-        (psycopg.errors.DeadlockDetected(), False, True),
-        (psycopg.errors.TooManyConnections(), False, True),
-        (psycopg.errors.DiskFull(), False, True),
-        (psycopg.errors.OutOfMemory(), False, True),
-        (psycopg.errors.ReadOnlySqlTransaction(), False, True),
-        (psycopg.errors.IndexCorrupted(), False, True),
-        # content the database refuses: the event's
-        (psycopg.errors.ProgramLimitExceeded(), False, False),
-        (psycopg.errors.ProgramLimitExceeded(), True, False),
-        (psycopg.errors.StringDataRightTruncation(), False, False),
-        (psycopg.errors.UntranslatableCharacter(), True, False),
-        (psycopg.errors.CharacterNotInRepertoire(), True, False),
-        (psycopg.errors.UniqueViolation(), False, False),
-        (psycopg.errors.ForeignKeyViolation(), False, False),
-        (psycopg.errors.RaiseException(), False, False),
-        (psycopg.errors.InternalError_(), False, False),
-        (psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes"), True, False),
-        # waits: transient only in kinbox's own statements
-        (psycopg.errors.LockNotAvailable(), True, True),
-        (psycopg.errors.LockNotAvailable(), False, False),
-        (psycopg.errors.QueryCanceled(), True, True),
-        (psycopg.errors.QueryCanceled(), False, False),
-        (ValueError("not a database error"), True, False),
-    ],
-    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
-)
-def test_one_classification_of_database_errors(
-    error: BaseException, own: bool, expected: bool
-) -> None:
-    assert transient(error, own=own) is expected
-    assert translate(error, own=own).transient is expected
-    if not own:
-        # what a handler raised, also wrapped in its own exception
-        wrapped = RuntimeError("handler gave up")
-        wrapped.__cause__ = error
-        assert (transient_cause(wrapped) is not None) is expected
 
 
 def test_reasons_are_escaped_for_a_database_that_is_not_utf8() -> None:

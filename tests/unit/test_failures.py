@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kinbox.app import App
+from kinbox.apply import narrow
 from kinbox.apply.deadletter import REPLAY_HEADER
+from kinbox.apply.narrow import CONFLICT_RETRIES
 from kinbox.config import DEFAULT_ID_HEADERS, Settings
 from kinbox.consume.envelope import Record, event_id
 from kinbox.consume.runner import Runner
@@ -242,13 +245,16 @@ def test_missing_id_derive_applies_once_per_position() -> None:
 
 def test_transient_database_error_inside_a_handler_never_counts_towards_dead_lettering() -> None:
     outage = [3]
+    app = App(group_id="g")
 
-    def flaky_db(event: Event) -> None:
+    @app.handler(T)
+    def apply(event: Event, tx: Any) -> None:
         if outage[0]:
             outage[0] -= 1
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
+            tx.lose(psycopg.OperationalError("server closed the connection unexpectedly"))
+        tx.effects.append(event.id)
 
-    h = Harness(effect_app(flaky_db), max_attempts=1)
+    h = Harness(app, max_attempts=1)
     h.add(record(T, 0, 0, "a"))
     h.run(turns=4)
     assert h.publisher.acked == []
@@ -501,3 +507,42 @@ def test_partition_assigned_during_a_slow_batch_is_applied_meanwhile() -> None:
     h.run_until_idle()
     assert sorted(h.store.effects) == ["late-1", "late-2", "slow-1"]
     assert h.transport.committed == {(T, 0): 1, (T, 1): 2}
+
+
+def test_a_conflict_is_redone_at_once_a_bounded_number_of_times_then_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a handler that meets a deadlock for "stuck" every time, and for
+    # "flaky" as many times as one batch redoes conflicts (after the
+    # pipelined pass's), then not
+    monkeypatch.setattr(narrow, "CONFLICT_PAUSE", 0.0)
+    calls: Counter[str] = Counter()
+    app = App(group_id="g")
+
+    @app.handler(T, max_attempts=2)
+    def apply(event: Event, tx: Any) -> None:
+        calls[event.id] += 1
+        flaky = event.id == "flaky" and calls["flaky"] <= 1 + CONFLICT_RETRIES
+        if flaky or event.id == "stuck":
+            tx.fail(psycopg.errors.DeadlockDetected("deadlock detected"))
+        tx.effects.append(event.id)
+
+    h = Harness(app, max_attempts=2)
+    h.add(record(T, 0, 0, "flaky"), record(T, 0, 1, "stuck"), record(T, 0, 2, "c"))
+    # When the worker runs one batch
+    h.run(turns=1)
+    # Then "flaky" committed on its first try, its conflicts no tries; the
+    # partition stopped at "stuck", whose conflicts past the bound counted one
+    assert h.store.effects == ["flaky"] and h.committed == 1 and h.publisher.acked == []
+    # When it runs on
+    h.run(turns=3)
+    # Then "stuck" is dead-lettered on its second try, and the partition moved on
+    assert h.store.effects == ["flaky", "c"] and h.committed == 3
+    [letter] = h.publisher.acked
+    headers = h.publisher.headers(0)
+    assert (headers["kinbox.dlq.reason"], headers["kinbox.dlq.attempts"]) == ("handler-error", "2")
+    assert "DeadlockDetected" in headers["kinbox.dlq.error.message"]
+    assert letter.value == b"{}"
+    # Bounded: its first try met the bound's conflicts and one that counted;
+    # its second, a pipelined call too (its batch began with it this time)
+    assert calls["stuck"] == (CONFLICT_RETRIES + 1) + (1 + CONFLICT_RETRIES + 1)

@@ -22,7 +22,7 @@ from kinbox.app import App
 from kinbox.bench import effects
 from kinbox.bench.spec import ChildSpec
 from kinbox.config import Settings
-from kinbox.errors import StoreError
+from kinbox.errors import ConflictError, StoreError
 from kinbox.event import Event
 from kinbox.store.base import InboxStore, InboxTransaction
 
@@ -123,6 +123,9 @@ class _NoClaim:
 
     def outage(self, exc: BaseException) -> StoreError | None:
         return self._inner.outage(exc)
+
+    def conflict(self, exc: BaseException) -> ConflictError | None:
+        return self._inner.conflict(exc)
 
 
 class InboxOff:
