@@ -33,8 +33,10 @@ purpose (``raise DeadLetter(...)``: a verdict, not a failure).
 The breaker is consulted by the runner at three points: :meth:`gate` before
 each poll (pauses and resumes), :meth:`admit` over each poll's batches (the
 half-open probe) and :meth:`observe` after each partition batch. It pauses
-only partitions no backoff holds, and resumes only those it paused itself,
-so it never undoes another component's pause. Driver-free: it talks to the
+only partitions no backoff holds, and resumes only those it paused itself
+and nothing else holds now, so it never undoes another component's pause:
+a partition whose lane is full stays paused when the breaker lets it go
+(the lane resumes it once it is half empty). Driver-free: it talks to the
 consumer through :class:`~kinbox.kafka.base.Transport` only.
 """
 
@@ -90,15 +92,22 @@ class Breaker:
         self._until = 0.0  # when an open breaker lets its probe through
         self._probe: Place | None = None  # the event let through, while its batch runs
         self.held: set[Partition] = set()
-        """Partitions paused by the breaker (and by nothing else)."""
+        """Partitions the breaker holds paused (a full lane may hold one of them too)."""
 
-    def gate(self, assigned: Collection[Partition], backing_off: Collection[Partition]) -> bool:
+    def gate(
+        self,
+        assigned: Collection[Partition],
+        backing_off: Collection[Partition],
+        full: Collection[Partition] = (),
+    ) -> bool:
         """Before a poll: pause or resume partitions as the state requires.
 
         ``backing_off`` are the partitions a failure backoff holds paused:
         the breaker leaves them alone (their backoff resumes them, and must,
-        since it rewound them). Returns whether that backoff may resume its
-        due partitions now: not while the breaker is open.
+        since it rewound them). ``full`` are those held paused for a full
+        lane: the breaker may hold them too, but never resumes one; it keeps
+        holding it until its lane lets it go. Returns whether that backoff
+        may resume its due partitions now: not while the breaker is open.
         """
         if self.state is State.OPEN and self._clock() >= self._until:
             self.state = State.HALF_OPEN
@@ -112,7 +121,7 @@ class Breaker:
         elif self._probe is None:
             # Closed, or half-open and waiting for a probe: fetch everything
             # that may fetch; admit() puts back all but the probe.
-            self._release(backing_off)
+            self._release({*backing_off, *full})
         return self.state is not State.OPEN
 
     def admit(self, batches: Mapping[Partition, list[Record]]) -> dict[Partition, list[Record]]:
@@ -211,8 +220,8 @@ class Breaker:
             self._transport.pause(new)
             self.held.update(new)
 
-    def _release(self, backing_off: Collection[Partition]) -> None:
-        due = sorted(tp for tp in self.held if tp not in backing_off)
+    def _release(self, held_elsewhere: Collection[Partition]) -> None:
+        due = sorted(tp for tp in self.held if tp not in held_elsewhere)
         if due:
             self._transport.resume(due)
         self.held.difference_update(due)

@@ -18,6 +18,13 @@ after the last record it handed over, and those records are all here. What
 it had fetched beyond them it fetches again, which is why a lane is resumed
 only half empty.
 
+The invariant that bounds a lane: a partition in :attr:`Lanes.held` is
+paused, whoever else would resume it. :meth:`Lanes.add` pauses a partition
+only as it enters ``held``, so nothing else may resume one while it is
+there: the circuit breaker's gate is handed ``held`` and leaves those alone
+(:meth:`~kinbox.consume.breaker.Breaker.gate`), and a failure backoff only
+ever holds a partition whose lane it emptied.
+
 The polling thread owns the lanes; nothing here is touched by batch threads.
 """
 

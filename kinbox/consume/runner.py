@@ -21,6 +21,13 @@ keeps polling. When the handler fails for event after event, the circuit
 breaker (:mod:`kinbox.consume.breaker`) pauses every partition for a while
 and then lets one event through. This module owns the loop, the assignment
 and the rebalance callbacks, and wires those pieces together.
+
+Three of them pause partitions: the lanes (a full lane), the backoff and the
+breaker. A partition is paused while any of them holds it, and only the last
+to let it go resumes it; in particular a partition whose lane is at or above
+its cap stays paused whoever else would resume it (:meth:`Runner.turn`
+hands the lanes' holds to the breaker's gate, and the lanes resume only what
+neither other holds).
 """
 
 from __future__ import annotations
@@ -270,7 +277,9 @@ class Runner:
         Public so tests can step the loop (with an inline executor, every
         batch started in a turn is also settled in it).
         """
-        if self._breaker.gate(self._assigned, self._backoff.paused):
+        # The lanes' holds go to the gate: a partition whose lane is full stays
+        # paused even when the breaker lets it go (the lanes resume it later).
+        if self._breaker.gate(self._assigned, self._backoff.paused, self._lanes.held):
             self._backoff.resume_due()
         busy = len(self._inflight) > 0
         if busy and self._stocked():

@@ -368,3 +368,62 @@ def test_records_waiting_in_a_lane_when_it_opens_are_put_back_not_tried() -> Non
     assert sorted(applied + sorted(dead)) == sorted(f"e{p}-{o}" for p in (0, 1) for o in range(12))
     assert len(applied) == len(set(applied))
     assert transport.committed == {P0: 12, P1: 12}
+
+
+class Gated(Executor):
+    """Holds each job until :meth:`run` releases it by its submission number."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Callable[[], Any], Future[Any]]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self.jobs.append((lambda: fn(*args, **kwargs), future))
+        return future
+
+    def run(self, number: int) -> None:
+        job, future = self.jobs[number]
+        future.set_result(job())
+
+
+def test_a_full_lane_stays_paused_when_the_breaker_lets_its_partition_go(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="kinbox.consume.breaker")
+    # Given P0's batch in flight for long, its lane filled to the cap (so
+    # P0 is paused for its lane), and a handler that fails for P1's events
+    transport = FakeTransport({P0: [], P1: []})
+    for offset in range(400):
+        transport.append(record(T, 0, offset, f"e0-{offset}"))
+    for offset in range(4):
+        transport.append(record(T, 1, offset, f"e1-{offset}"))
+    app = App(group_id="g")
+
+    @app.handler(T)
+    def apply(event: Event, tx: Any) -> None:
+        if event.partition == 1:
+            raise RuntimeError("bad deploy: every event fails")
+        tx.effects.append(event.id)
+
+    clock, executor = Clock(), Gated()
+    config = Settings(
+        database_url="postgresql:///x", group_id="g", breaker_failures=1, breaker_pause=5,
+        batch_max_messages=2, retry_initial=0.1, retry_max=0.1,
+    ).validate()  # fmt: skip
+    runner = Runner(app, config, transport, FakeStore(), clock=clock, executor=executor)
+    transport.subscribe(app.topics, runner)
+    lanes = runner._lanes
+    while len(executor.jobs) < 2:
+        runner.turn()
+    assert lanes.waiting(P0) >= lanes.cap and P0 in transport.paused
+    # When P1's batch fails, the breaker opens (pausing every partition) and,
+    # its pause over, goes half-open and resumes what it paused
+    executor.run(1)
+    for _ in range(200):
+        runner.turn()
+        clock.now += 0.1
+        # Then P0's lane never grows past a poll beyond its cap: P0 stays
+        # paused for its lane, whatever the breaker wants of it
+        assert lanes.waiting(P0) <= lanes.cap + config.batch_max_messages
+        assert P0 in transport.paused
+    assert "circuit breaker half-open" in caplog.text  # it did want P0 resumed
