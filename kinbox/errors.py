@@ -20,6 +20,8 @@
     │                                                  transaction (commit or roll back) itself
     ├── HandlerCancelled                               an async handler's coroutine was
     │                                                  cancelled: a failed try of its event
+    ├── HandlerAborted                                 a handler raised a BaseException that
+    │                                                  asks no exit: a failed try of its event
     ├── RedeliveryUnsafe(KinboxError, AssertionError)  a handler's effect changed on redelivery
     │                                                  (in kinbox.testing: users' tests only)
     └── (control flow, never logged as errors)
@@ -27,6 +29,15 @@
         └── DeadLetter(reason)                         a handler gives the event up
             └── InvalidPayload                         the payload does not decode into the
                                                        handler's type: reason ``payload``
+
+Outside that tree, because no ``except Exception`` may take them for an
+event's failure::
+
+    WorkerExit(BaseException)                          the worker must stop (its own exit status)
+    ├── ExitRequested                                  code kinbox runs raised SystemExit or
+    │                                                  KeyboardInterrupt on a worker thread
+    └── ThreadDied                                     a thread the worker needs died (the event
+                                                       loop of async handlers)
 
 Library exceptions are translated at the seam where they enter
 (:mod:`kinbox.store.postgres` for psycopg, :mod:`kinbox.kafka` for confluent-kafka) to
@@ -157,6 +168,48 @@ class HandlerCancelled(KinboxError):
     Translated so that it is a failure of the event, tried again and in the
     end dead-lettered like any exception of a handler, never a
     ``BaseException`` that would end the worker on every redelivery.
+    """
+
+
+class HandlerAborted(KinboxError):
+    """A handler raised a ``BaseException`` that is no request to exit.
+
+    ``GeneratorExit``, or a library's own subclass of ``BaseException``: the
+    handler did not apply its event, so it is a failure of the event, tried
+    again and in the end dead-lettered like any exception. Raised in its
+    place (the original is its ``__cause__``) so that it neither ends the
+    worker on every redelivery nor escapes the failure policy. ``SystemExit``
+    and ``KeyboardInterrupt`` are :class:`ExitRequested` instead.
+    """
+
+
+class WorkerExit(BaseException):
+    """The worker must stop: never an event's failure, whatever ``except Exception`` it crosses.
+
+    Raised on a batch thread, it rolls the batch's transaction back and ends
+    the batch; the worker then stops as for any batch that raised (within
+    ``shutdown_timeout``, committing what is safe) and ``kinbox worker``
+    exits with the subclass's status (see ``kinbox.ops.exits``).
+    """
+
+
+class ExitRequested(WorkerExit):
+    """Code the worker runs raised ``SystemExit`` or ``KeyboardInterrupt`` on a worker thread.
+
+    A handler (or a middleware hook) that calls ``sys.exit()`` asks the
+    process to stop. On a batch thread that would end the thread silently,
+    or come back to the main thread as the process's exit status, so kinbox
+    stops the worker itself, safely, and ``kinbox worker`` exits with its
+    own status (9). The original exception is the ``__cause__``.
+    """
+
+
+class ThreadDied(WorkerExit):
+    """A thread the worker needs died: the event loop of async handlers, the client watch.
+
+    Raised to every call that waits on it, so none waits forever, and by
+    ``kinbox worker`` when it sees such a thread end; the worker then stops
+    and exits with its own status (10). The thread's exception is the ``__cause__``.
     """
 
 

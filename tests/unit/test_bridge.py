@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 
+from kinbox.errors import ThreadDied
 from kinbox.store.bridge import SyncConnection, SyncContext
 from kinbox.store.loop import LoopThread
 
@@ -58,6 +60,50 @@ def test_a_stopped_loop_refuses_and_run_from_the_loop_itself_refuses(loop: LoopT
     assert not loop.running
     with pytest.raises(RuntimeError, match="stopped"):
         loop.run(asyncio.sleep(0))
+
+
+def test_a_loop_that_dies_fails_the_call_waiting_on_it_and_every_later_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a call waiting on a coroutine that will never end, and a thread
+    # hook that hears of threads ending on an exception
+    monkeypatch.setattr("kinbox.store.loop.LIVENESS_CHECK", 0.05)
+    heard: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", heard.append)
+    loop = LoopThread("dying-loop")
+    outcome: list[BaseException] = []
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    def call() -> None:
+        try:
+            loop.run(forever())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=call, daemon=True)
+    waiting.start()
+
+    async def kill() -> None:
+        # What asyncio lets end run_forever: SystemExit from a callback
+        asyncio.get_running_loop().call_soon(sys.exit, 3)
+        await asyncio.Event().wait()
+
+    # When the loop's thread dies while the call waits
+    with pytest.raises(ThreadDied):  # the killing call never gets an answer either
+        loop.run(kill())
+    waiting.join(10)
+    # Then the waiting call fails, it does not wait forever, and says why
+    assert not waiting.is_alive(), "the call still waits on a dead loop"
+    (error,) = outcome
+    assert isinstance(error, ThreadDied) and "SystemExit: 3" in str(error)
+    # and a later call fails at once, the thread's end having been heard
+    with pytest.raises(ThreadDied, match="died"):
+        loop.run(asyncio.sleep(0))
+    assert not loop.running
+    assert [type(args.exc_value) for args in heard] == [ThreadDied]
+    assert heard[0].thread is not None and heard[0].thread.name == "dying-loop"
 
 
 class FakeAsyncCursor:
