@@ -22,18 +22,33 @@ tried again stops the pass
 (:class:`~kinbox.apply.outcome.HandlerFailed`), a permanent one is either
 dead-lettered in place (careful pass) or abandons the optimistic pass
 (:class:`~kinbox.apply.outcome.Abandoned`) so the batch is redone carefully.
+
+What a call raises that is no ``Exception`` is settled at the call itself
+(:func:`_called`, and :func:`_exits_kept` inside an async handler's task):
+``SystemExit`` and ``KeyboardInterrupt`` ask the process to stop, and become
+:class:`~kinbox.errors.ExitRequested`, which no pass judges: the transaction
+rolls back and the worker stops with its own status. Any other
+``BaseException`` (``GeneratorExit``, a library's own subclass) is the event's
+failure like any exception (:class:`~kinbox.errors.HandlerAborted`), so one
+event can never end the worker on every redelivery. Inside an event loop's
+task the first two must be caught before the task sees them: asyncio lets
+them end the loop's thread, and every call waiting on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
 
 from kinbox.apply.outcome import Abandoned, HandlerFailed, Unpipelined, Verdict
 from kinbox.apply.route import Calls, HandlerKind
+from kinbox.describe import describe
+from kinbox.errors import ExitRequested, HandlerAborted, WorkerExit
 from kinbox.event import Event
 from kinbox.store.async_base import Awaiting, async_store
 from kinbox.store.base import InboxStore
+
+T = TypeVar("T")
 
 
 class EachEvent:
@@ -76,7 +91,7 @@ class EachEvent:
 
     def _call(self, calls: Calls, event: Event) -> None:
         connection = calls.tx.connection
-        calls.around_event(event, lambda e: self._fn(e, connection))
+        calls.around_event(event, lambda e: _called(self._fn, e, connection))
 
     def _pipelined(self, calls: Calls, events: list[Event]) -> None:
         own: tuple[Event, Exception] | None = None
@@ -171,7 +186,7 @@ class WholeBatch:
 
     def _call(self, calls: Calls, events: list[Event]) -> None:
         connection = calls.tx.connection
-        calls.around_events(events, lambda evs: self._fn(list(evs), connection))
+        calls.around_events(events, lambda evs: _called(self._fn, list(evs), connection))
 
     def pick_store(self, store: InboxStore) -> InboxStore:
         """See :meth:`HandlerKind.pick_store`: ``store`` itself."""
@@ -191,7 +206,11 @@ class AwaitedEachEvent(EachEvent):
     def _call(self, calls: Calls, event: Event) -> None:
         tx = cast(Awaiting, calls.tx)  # pick_store chose a store whose transactions are
         connection = tx.connection
-        calls.around_event(event, lambda e: tx.wait(_awaitable(self._fn(e, connection))))
+
+        def call(e: Event) -> object:
+            return tx.wait(_exits_kept(_awaitable(self._fn(e, connection)), e))
+
+        calls.around_event(event, lambda e: _called(call, e))
 
 
 class AwaitedWholeBatch(WholeBatch):
@@ -207,13 +226,73 @@ class AwaitedWholeBatch(WholeBatch):
     def _call(self, calls: Calls, events: list[Event]) -> None:
         tx = cast(Awaiting, calls.tx)
         connection = tx.connection
-        calls.around_events(
-            events, lambda evs: tx.wait(_awaitable(self._fn(list(evs), connection)))
-        )
+
+        def call(evs: list[Event]) -> object:
+            return tx.wait(_exits_kept(_awaitable(self._fn(evs, connection)), evs))
+
+        calls.around_events(events, lambda evs: _called(call, list(evs)))
 
 
 def _awaitable(result: object) -> Awaitable[object]:
     return cast(Awaitable[object], result)
+
+
+def _called(fn: Callable[..., T], subject: Event | list[Event], *args: Any) -> T:
+    """``fn(subject, *args)``, a handler's call; a ``BaseException`` it raises is settled here.
+
+    Raises:
+        ExitRequested: the call raised ``SystemExit`` or ``KeyboardInterrupt``.
+        HandlerAborted: the call raised another ``BaseException`` (not a
+            :class:`~kinbox.errors.WorkerExit`, which passes unchanged).
+    """
+    try:
+        return fn(subject, *args)
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise _settled(exc, subject) from exc
+
+
+async def _exits_kept(awaitable: Awaitable[T], subject: Event | list[Event]) -> T:
+    """Await a handler's coroutine; its ``SystemExit`` or ``KeyboardInterrupt`` is settled here.
+
+    In the loop's task, where asyncio would let either end the loop's thread.
+    ``CancelledError`` and ``GeneratorExit`` pass: the first is the loop's to
+    judge (:func:`kinbox.store.loop.awaited`), the second is how a coroutine
+    is closed, and a handler's own comes back to :func:`_called` anyway.
+    """
+    try:
+        return await awaitable
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _settled(exc, subject) from exc
+
+
+def _settled(exc: BaseException, subject: Event | list[Event]) -> BaseException:
+    """What a handler's ``BaseException`` ``exc`` becomes (see the module docstring)."""
+    if isinstance(exc, WorkerExit):
+        return exc
+    where = _where(subject)
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return ExitRequested(
+            f"the handler of {where} raised {describe(exc)}: stopping the worker. Its "
+            "transaction is rolled back and its offset not committed, so a restart meets "
+            "the event again"
+        )
+    return HandlerAborted(
+        f"the handler of {where} raised {describe(exc)}, a BaseException: a failed try of "
+        "the event, like any exception"
+    )
+
+
+def _where(subject: Event | Sequence[Event]) -> str:
+    events = [subject] if isinstance(subject, Event) else list(subject)
+    if not events:
+        return "no event"
+    first, last = events[0], events[-1]
+    place = f"{first.topic}[{first.partition}]@{first.offset}"
+    if len(events) == 1:
+        return f"{place} (event {first.id!r})"
+    return f"{place}..{last.offset} ({len(events)} events)"
 
 
 def kind_for(
