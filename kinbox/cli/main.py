@@ -4,8 +4,9 @@ Exit codes tell a supervisor what went wrong without parsing logs:
 2 configuration, 3 import, 4 connection, 5 schema not migrated, 6 stopped on a
 record without a valid event id (``missing_id=fail``), 7 the Kafka consumer
 failed fatally, 8 ``status`` crossed a threshold or ``inbox cleanup`` refused to
-delete inside the dedup window (see :mod:`kinbox.cli.support`); ``--processes N`` is run by
-:mod:`kinbox.ops.supervisor`.
+delete inside the dedup window, 9 a handler raised ``SystemExit``, 10 the worker
+crashed, 130 a second signal or a shutdown timeout (see :mod:`kinbox.ops.exits`);
+``--processes N`` is run by :mod:`kinbox.ops.supervisor`.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from kinbox.cli.support import (
     EXIT_BAD_INPUT,
     EXIT_CONFIG,
     EXIT_CONNECT,
+    EXIT_CRASH,
     EXIT_FATAL,
+    EXIT_HANDLER_EXIT,
     EXIT_IMPORT,
+    EXIT_INTERRUPTED,
     EXIT_SCHEMA,
     EXIT_THRESHOLD,
     configure_logging,
@@ -39,8 +43,11 @@ __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_CONFIG",
     "EXIT_CONNECT",
+    "EXIT_CRASH",
     "EXIT_FATAL",
+    "EXIT_HANDLER_EXIT",
     "EXIT_IMPORT",
+    "EXIT_INTERRUPTED",
     "EXIT_SCHEMA",
     "EXIT_THRESHOLD",
     "main",

@@ -1,12 +1,10 @@
 """What every ``kinbox`` subcommand shares: exit codes, ``-X`` parsing, error reporting.
 
-Exit codes tell a supervisor what went wrong without parsing logs:
-2 configuration (librdkafka refusing a ``-X`` property included), 3 import,
-4 connection, 5 schema not migrated, 6 stopped on a record without a valid
-event id (``missing_id=fail``), 7 the Kafka consumer failed fatally (e.g.
-fenced by another member with the same ``group.instance.id``), 8 ``status``
-crossed a threshold or ``inbox cleanup`` refused to delete inside the dedup
-window.
+Exit codes tell a supervisor what went wrong without parsing logs; the table
+is :mod:`kinbox.ops.exits` (2 configuration, 3 import, 4 connection, 5 schema
+not migrated, 6 ``missing_id=fail``, 7 a fatally failed Kafka consumer, 8 a
+threshold crossed, 9 a handler's ``sys.exit()``, 10 a crashed worker, 130 a
+second signal or a shutdown timeout).
 """
 
 from __future__ import annotations
@@ -20,27 +18,22 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from kinbox.errors import (
-    ConfigurationError,
-    EnvelopeError,
-    FatalTransportError,
-    KinboxError,
-    SchemaError,
-    StoreError,
-    TransportError,
-)
+from kinbox.errors import KinboxError
+from kinbox.ops.exits import EXIT_BAD_INPUT as EXIT_BAD_INPUT
+from kinbox.ops.exits import EXIT_CONFIG as EXIT_CONFIG
+from kinbox.ops.exits import EXIT_CONNECT as EXIT_CONNECT
+from kinbox.ops.exits import EXIT_CRASH as EXIT_CRASH
+from kinbox.ops.exits import EXIT_FATAL as EXIT_FATAL
+from kinbox.ops.exits import EXIT_HANDLER_EXIT as EXIT_HANDLER_EXIT
+from kinbox.ops.exits import EXIT_IMPORT as EXIT_IMPORT
+from kinbox.ops.exits import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from kinbox.ops.exits import EXIT_SCHEMA as EXIT_SCHEMA
+from kinbox.ops.exits import EXIT_THRESHOLD as EXIT_THRESHOLD
+from kinbox.ops.exits import status_of
 
 if TYPE_CHECKING:
     from kinbox.app import App
     from kinbox.config import Settings
-
-EXIT_CONFIG = 2
-EXIT_IMPORT = 3
-EXIT_CONNECT = 4
-EXIT_SCHEMA = 5
-EXIT_BAD_INPUT = 6
-EXIT_FATAL = 7
-EXIT_THRESHOLD = 8
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -129,21 +122,19 @@ def guard(action: Any) -> Any:
     """Run ``action``; turn kinbox's errors into a message and an exit code."""
     try:
         return action()
-    except ImportError as exc:
-        die(f"cannot import the app: {exc}", EXIT_IMPORT)
-    except ConfigurationError as exc:
-        die(f"configuration error: {exc}", EXIT_CONFIG)
-    except SchemaError as exc:
-        die(str(exc), EXIT_SCHEMA)
-    except FatalTransportError as exc:
-        # Before TransportError: no retry or restart of this client helps.
-        die(f"the Kafka client failed fatally: {exc}", EXIT_FATAL)
-    except (StoreError, TransportError) as exc:
-        die(f"cannot connect: {exc}", EXIT_CONNECT)
-    except EnvelopeError as exc:
-        die(str(exc), EXIT_BAD_INPUT)
-    except KinboxError as exc:
-        die(str(exc), 1)
+    except (ImportError, KinboxError) as exc:
+        status = status_of(exc)
+        assert status is not None  # every KinboxError has one
+        die(f"{_SAYS.get(status, '')}{exc}", status)
+
+
+_SAYS = {
+    EXIT_IMPORT: "cannot import the app: ",
+    EXIT_CONFIG: "configuration error: ",
+    EXIT_FATAL: "the Kafka client failed fatally: ",
+    EXIT_CONNECT: "cannot connect: ",
+}
+"""What :func:`guard` says before an error's own message, by exit status."""
 
 
 def die(message: str, code: int) -> NoReturn:

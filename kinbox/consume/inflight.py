@@ -17,25 +17,48 @@ partition is lost, is *orphaned*: it runs to its end, its result is dropped,
 and no new batch of its partition starts before it ended — its database work
 is safe either way, the next owner's claim blocks on its rows and then finds
 them recorded.
+
+Nothing here waits without a bound: a worker that stops waits for its
+batches at most until its shutdown deadline (:meth:`InFlight.drain`), and
+leaves those still running to the process's exit. That is safe at any point
+of theirs: a batch's offsets are never committed then, and its transaction
+either commits whole before the process ends or is rolled back by
+PostgreSQL when the process's connections close. A batch that runs long is
+never silent either: :meth:`InFlight.report_stuck` names it, with its thread's
+stack, every :data:`STUCK_AFTER` seconds.
+
+A batch thread ends a batch that raised ``SystemExit`` or
+``KeyboardInterrupt`` (a middleware hook's: a handler's own is settled at
+its call) with :class:`~kinbox.errors.ExitRequested` instead, so it reaches
+the polling thread as a request to stop the worker, not as the process's
+exit status.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Collection
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
 
 from kinbox.apply.outcome import BatchResult
+from kinbox.describe import describe
+from kinbox.errors import ExitRequested
 from kinbox.kafka.base import Partition
 
 log = logging.getLogger(__name__)
 
 HOLD_AFTER = 1.0
 """Seconds a batch may run before the polling thread says it is still running."""
+
+STUCK_AFTER = 30.0
+"""Seconds a batch may run before it is reported at WARNING, with what it waits on, and again
+after as many more each time."""
 
 Finished = list[tuple[Partition, "Future[BatchResult]"]]
 
@@ -44,8 +67,11 @@ Finished = list[tuple[Partition, "Future[BatchResult]"]]
 class _Batch:
     future: Future[BatchResult]
     started: float
+    label: str
     orphan: bool = False
     told: bool = False  # "still running" said already
+    reported: float = 0.0  # when it was last reported stuck (monotonic)
+    thread: int | None = None  # the batch thread's ident, once it runs
 
 
 class InFlight:
@@ -77,13 +103,28 @@ class InFlight:
         """Whether every worker has a batch."""
         return len(self._batches) >= self.workers
 
-    def submit(self, tp: Partition, work: Callable[[], BatchResult]) -> None:
-        """Start ``work``, the next batch of ``tp`` (which has none in flight)."""
+    def submit(self, tp: Partition, work: Callable[[], BatchResult], label: str = "") -> None:
+        """Start ``work``, the next batch of ``tp`` (which has none in flight).
+
+        ``label`` says what the batch is (its handler, its records) in the
+        reports of a batch that runs long.
+        """
         assert tp not in self._batches, f"{tp} already has a batch in flight"
-        started = time.monotonic()
-        future = self._executor.submit(work)
-        self._batches[tp] = _Batch(future, started)
-        future.add_done_callback(lambda _: self._ended.set())
+        batch = _Batch(Future(), time.monotonic(), label or str(tp))
+        self._batches[tp] = batch
+
+        def run() -> BatchResult:
+            batch.thread = threading.get_ident()
+            try:
+                return work()
+            except (SystemExit, KeyboardInterrupt) as exc:
+                raise ExitRequested(
+                    f"the batch of {batch.label} raised {describe(exc)} on its thread: "
+                    "stopping the worker"
+                ) from exc
+
+        batch.future = self._executor.submit(run)
+        batch.future.add_done_callback(lambda _: self._ended.set())
 
     def wait(self, timeout: float) -> None:
         """Sleep until a batch ends, at most ``timeout`` seconds."""
@@ -147,13 +188,58 @@ class InFlight:
                 out.append((tp, now - batch.started))
         return out
 
-    def drain(self) -> Finished:
-        """Wait for every batch (no bound: a transaction must not race the pool's close)."""
-        wait_all([b.future for b in self._batches.values()])
+    def report_stuck(self) -> None:
+        """Say at WARNING, with where it waits, each batch running long.
+
+        Long: for :data:`STUCK_AFTER` since it started, or since it was last reported.
+        """
+        now = time.monotonic()
+        for batch in self._batches.values():
+            if not batch.future.done() and now - max(batch.started, batch.reported) >= STUCK_AFTER:
+                batch.reported = now
+                log.warning(
+                    "the batch of %s has been running for %.0fs: its partition waits (the "
+                    "others go on; nothing is committed past it); reported again every %.0fs "
+                    "while it runs. It waits in:\n%s",
+                    batch.label, now - batch.started, STUCK_AFTER, _stack(batch),
+                )  # fmt: skip
+
+    def drain(self, timeout: float) -> Finished:
+        """Wait at most ``timeout`` for every batch; return those that ended.
+
+        Those still running are orphaned (their results will be dropped) and
+        stay in :meth:`unfinished`; each is reported at ERROR, with where it waits.
+        """
+        wait_all([b.future for b in self._batches.values()], timeout=max(0.0, timeout))
+        now = time.monotonic()
+        for batch in self._batches.values():
+            if not batch.future.done():
+                batch.orphan = True
+                log.error(
+                    "stopping: the batch of %s is still running after %.1fs, beyond the "
+                    "shutdown timeout; not waiting for it: its offsets are not committed, and "
+                    "its transaction rolls back when the process's connections close (unless "
+                    "it commits whole first); the next owner applies its events once. It "
+                    "waits in:\n%s",
+                    batch.label, now - batch.started, _stack(batch),
+                )  # fmt: skip
         return self.finished()
 
+    def unfinished(self) -> int:
+        """How many batches still run (orphans included)."""
+        return sum(1 for batch in self._batches.values() if not batch.future.done())
+
     def shutdown(self) -> None:
-        """Wait for what still runs, and stop the worker threads."""
-        self.drain()
+        """Stop the worker threads: at once if a batch still runs, else once they are idle.
+
+        A batch still running is not waited for (see :meth:`drain`): its
+        thread is left to the process's exit.
+        """
         if self._own:
-            self._executor.shutdown(wait=True)
+            self._executor.shutdown(wait=not self.unfinished(), cancel_futures=True)
+
+
+def _stack(batch: _Batch) -> str:
+    """Where ``batch``'s thread is now: the innermost call last, as in a traceback."""
+    frame = None if batch.thread is None else sys._current_frames().get(batch.thread)
+    return "".join(traceback.format_stack(frame)).rstrip() if frame is not None else "(not started)"

@@ -28,6 +28,14 @@ to let it go resumes it; in particular a partition whose lane is at or above
 its cap stays paused whoever else would resume it (:meth:`Runner.turn`
 hands the lanes' holds to the breaker's gate, and the lanes resume only what
 neither other holds).
+
+Stopping is bounded, whatever stops the loop — :meth:`Runner.stop` (a
+signal), a fatally failed consumer, ``missing_id=fail``, a batch that raised
+(a middleware's hook, a handler's ``sys.exit()``), a thread that died: the
+batches in flight get until ``shutdown_timeout`` after the stop began, less
+a share kept for committing and closing (:data:`CLOSING_SHARE`); their
+offsets are committed, and those still running then are left to the
+process's exit (:meth:`Runner.unfinished`), their offsets not committed.
 """
 
 from __future__ import annotations
@@ -53,7 +61,8 @@ from kinbox.consume.inflight import HOLD_AFTER, InFlight
 from kinbox.consume.lag import LagBoard
 from kinbox.consume.lanes import Lanes
 from kinbox.consume.offsets import Offsets
-from kinbox.errors import ConfigurationError, FatalTransportError, TransportError
+from kinbox.describe import describe
+from kinbox.errors import ConfigurationError, FatalTransportError, KinboxError, TransportError
 from kinbox.kafka.base import Partition, Publisher, Transport
 from kinbox.middleware.base import Chain, WorkerInfo
 from kinbox.store.base import InboxStore
@@ -72,6 +81,13 @@ BUSY_WAIT = 0.002
 It wakes at once when a batch ends; the bound only says how soon a record
 that arrives meanwhile is fetched.
 """
+
+CLOSING_SHARE = 0.25
+"""The part of ``shutdown_timeout`` kept, after the wait for the batches in flight, for
+committing offsets and closing the clients (:data:`CLOSING_MOST` at most)."""
+
+CLOSING_MOST = 5.0
+"""Seconds of ``shutdown_timeout`` kept for committing and closing, at most."""
 
 SATURATED_WAIT = 0.05
 """The same sleep when every assigned partition already has records waiting.
@@ -110,6 +126,10 @@ class Runner:
             applies each batch inside :meth:`turn`, for deterministic tests.
         lag: the consumer's lag per partition, filled by ``transport``;
             handed to the middleware (:class:`~kinbox.middleware.base.WorkerInfo`).
+        on_stopping: called once as the loop ends, on the polling thread and
+            before anything is closed, with the error that ends it (``None``
+            after :meth:`stop` without one): ``kinbox worker`` starts the
+            clock of its shutdown bound there.
     """
 
     def __init__(
@@ -124,6 +144,7 @@ class Runner:
         dead_letter_limits: Mapping[str, int] | None = None,
         executor: Executor | None = None,
         lag: LagBoard | None = None,
+        on_stopping: Callable[[BaseException | None], None] | None = None,
     ) -> None:
         if not app.routes:
             raise ConfigurationError(f"{app!r} has no handlers: decorate one with @handler")
@@ -146,6 +167,9 @@ class Runner:
             batch_size=settings.batch_max_messages,
         )
         self._stopping = False
+        self._stop_at: float | None = None  # when the stop began (time.monotonic)
+        self._failure: BaseException | None = None  # what stop() was given to raise
+        self._on_stopping = on_stopping
         self._broken = False
         self._assigned: set[Partition] = set()
         # Partitions whose last batch was a whole batch of duplicates: their
@@ -166,14 +190,32 @@ class Runner:
         # The consumer's own value: -X max.poll.interval.ms wins over the setting.
         self._revoke_wait = min(settings.shutdown_timeout, settings.effective_max_poll_interval / 2)
 
-    def stop(self) -> None:
-        """Ask the loop to finish the batches in hand and return (safe from a signal handler)."""
+    def stop(self, error: BaseException | None = None) -> None:
+        """Ask the loop to finish the batches in hand and return (safe from a signal handler).
+
+        With ``error`` (any thread may give one: a thread that died), :meth:`run`
+        raises it once the worker is closed; the first one given is kept.
+        """
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
+        if error is not None and self._failure is None:
+            self._failure = error
         self._stopping = True
 
     @property
     def stopping(self) -> bool:
         """Whether :meth:`stop` was called."""
         return self._stopping
+
+    def unfinished(self) -> int:
+        """Batches still running after :meth:`run` returned: those its bounded wait left.
+
+        Their offsets were not committed; their threads (and the store and
+        dead-letter publisher they use, left open for them) end with the
+        process, which closes their connections, so PostgreSQL rolls back
+        whatever transaction is still open.
+        """
+        return self._inflight.unfinished()
 
     def run(self) -> None:
         """Consume until :meth:`stop`; then commit what is committed in the DB and close.
@@ -187,6 +229,11 @@ class Runner:
                 end: the client can never poll or commit again. The offsets
                 already committed stay valid; a restart resumes from them.
             TransportError: Kafka refused the subscription.
+            EnvelopeError: a record without a valid id, under ``missing_id=fail``.
+            ExitRequested: a handler or middleware hook raised ``SystemExit``
+                or ``KeyboardInterrupt``.
+            BaseException: what a batch raised (a middleware's ``before_batch``,
+                a bug), or what :meth:`stop` was given.
         """
         worker = WorkerInfo(
             self._settings.group_id, tuple(self._app.topics), self._settings, self._lag
@@ -223,25 +270,54 @@ class Runner:
                 "worker; the offsets committed so far stay valid and a restart resumes from them",
                 error,
             )
+            self._stopped(error)
             if error is exc:
                 raise
             raise error from exc
+        except BaseException as exc:
+            self._stopped(exc)
+            raise
+        else:
+            self._stopped(self._failure, told=True)  # who gave it has said why
         finally:
             failed = self._close()
+        if failed is None:
+            failed = self._failure
         if failed is not None:
             raise failed  # a batch raised (a middleware's before_batch) as the loop stopped
 
+    def _stopped(self, error: BaseException | None, *, told: bool = False) -> None:
+        """The loop ended (on ``error``, if any): the shutdown's clock starts, if it has not.
+
+        ``error`` is logged unless ``told``: at ERROR, with its traceback
+        when it is not one of kinbox's own, whose messages say it all.
+        """
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
+        if error is not None and not told and not isinstance(error, FatalTransportError):
+            own = isinstance(error, KinboxError)
+            log.error("stopping this worker: %s", describe(error), exc_info=None if own else error)
+        if self._on_stopping is not None:
+            self._on_stopping(error)
+
     def _close(self) -> BaseException | None:
-        """Settle the batches in flight, commit, release everything; return a batch's exception."""
+        """Settle the batches in flight, commit, release everything; return a batch's exception.
+
+        The batches still running get until the shutdown deadline (see
+        :data:`CLOSING_SHARE`): their offsets can still be committed. Those
+        running longer are left to the process's exit, and so are the store
+        and the publisher they use: closing the pool would not end their
+        transactions anyway (a connection in use is closed only when given
+        back), and the process's exit does, rolling back what is still open.
+        """
         failed: BaseException | None = None
-        # The batches still running end first: their transactions must not
-        # race the pool's close, and their offsets can still be committed.
-        for tp, future in self._inflight.drain():
+        for tp, future in self._inflight.drain(self._time_left()):
             exc = future.exception()
             if exc is not None:
                 failed = failed or exc
             elif not self._broken and tp in self._assigned:
                 self._advance(tp, future.result())
+        left = self._inflight.unfinished()
         self._inflight.shutdown()
         if not self._broken:  # a fatally broken consumer refuses every commit
             try:
@@ -250,11 +326,22 @@ class Runner:
                 log.error("final offset commit: the consumer failed fatally: %s", exc)
         # close() revokes the assignment: on_revoked commits anything left.
         self._transport.close()
-        self._store.close()
-        if self._publisher is not None:
-            self._publisher.close()
+        if not left:
+            self._store.close()
+            if self._publisher is not None:
+                self._publisher.close()
         log.info("kinbox worker stopped")
         return failed
+
+    def _time_left(self) -> float:
+        """Seconds the batches in flight may still take.
+
+        Until the shutdown deadline, less what committing and closing keep.
+        """
+        timeout = self._settings.shutdown_timeout
+        started = time.monotonic() if self._stop_at is None else self._stop_at
+        closing = min(CLOSING_MOST, timeout * CLOSING_SHARE)
+        return started + timeout - closing - time.monotonic()
 
     def _explained(self, exc: FatalTransportError) -> FatalTransportError:
         """``exc``, or the consumer's own account of the fatal error if ``exc`` lacks it.
@@ -307,6 +394,7 @@ class Runner:
                 max(seconds, HOLD_AFTER),
                 self._lanes.cap,
             )
+        self._inflight.report_stuck()
         self._offsets.commit()
 
     # -- rebalance listener (called from inside Transport.poll / close) --
@@ -428,10 +516,16 @@ class Runner:
                 continue
             attempt = self._backoff.attempt(tp, batch[0].offset)
             work = partial(self._processor.process, batch, attempt, skim=skim)
-            self._inflight.submit(tp, work)
+            self._inflight.submit(tp, work, self._label(tp, batch))
             started = True
         self._lanes.unhold(keep_paused={*self._backoff.paused, *self._breaker.held})
         return started
+
+    def _label(self, tp: Partition, batch: list[Record]) -> str:
+        """``topic[p]@first..last`` and the handler, for the reports of a batch that runs long."""
+        route = self._app.routes.get(tp[0])
+        handler = f" (handler {route.name})" if route is not None else ""
+        return f"{tp[0]}[{tp[1]}]@{batch[0].offset}..{batch[-1].offset}{handler}"
 
     def _admitted(self, tp: Partition, batches: int = 1) -> list[Record]:
         """Up to ``batches`` batches of ``tp``'s lane, as far as the circuit breaker lets them run.

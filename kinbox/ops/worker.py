@@ -7,6 +7,14 @@ the consumer and pool are closed. If that takes longer than
 once; that is safe, because an offset is only ever committed after its
 database transaction, so the next owner re-reads and the inbox suppresses
 what was already applied.
+
+Every other way a worker stops is bounded the same way and ends with its own
+exit status (:mod:`kinbox.ops.exits`): the stop's clock starts with its first
+reason (:class:`~kinbox.ops.shutdown.ShutdownBound`), and a batch still
+running at the deadline is not waited for, its offsets not committed; the
+process then exits without joining its thread (PostgreSQL rolls back its
+transaction as the connection closes). A kinbox thread that dies stops the
+worker (:func:`~kinbox.ops.shutdown.watch_threads`).
 """
 
 from __future__ import annotations
@@ -14,10 +22,8 @@ from __future__ import annotations
 import gc
 import importlib
 import logging
-import os
 import signal
 import sys
-import threading
 from collections.abc import Mapping
 from types import FrameType
 from typing import Any
@@ -26,11 +32,13 @@ from kinbox.app import App, default_app
 from kinbox.config import Settings
 from kinbox.consume.lag import LagBoard
 from kinbox.consume.runner import Runner
-from kinbox.errors import ConfigurationError
+from kinbox.errors import ConfigurationError, KinboxError, ThreadDied
 from kinbox.kafka import KafkaPublisher, KafkaTransport
 from kinbox.kafka.admin import check_dead_letter_topics
 from kinbox.kafka.base import Transport
+from kinbox.ops.exits import EXIT_CRASH, EXIT_FATAL, EXIT_INTERRUPTED, worker_status
 from kinbox.ops.health import Health, HealthServer, ObservedTransport
+from kinbox.ops.shutdown import ShutdownBound, exit_at_once, watch_threads
 from kinbox.otel.instruments import metrics_on
 from kinbox.otel.setup import configure as configure_telemetry
 from kinbox.store.awaiting import MixedInboxStore
@@ -38,14 +46,8 @@ from kinbox.store.probe import ping
 
 log = logging.getLogger(__name__)
 
-EXIT_INTERRUPTED = 130
-"""Exit status after a second signal or a shutdown timeout."""
-
-EXIT_WEDGED = 7
-"""Exit status when the Kafka client stopped returning: ``kinbox.cli.support.EXIT_FATAL``.
-
-(Repeated here: the CLI imports this module, not the other way round.)
-"""
+EXIT_WEDGED = EXIT_FATAL
+"""Exit status when the Kafka client stopped returning (the fatal client's)."""
 
 
 SWITCH_INTERVAL = 0.001
@@ -197,18 +199,60 @@ def run(app: App, settings: Settings) -> None:
         raise
     health = _serve_health(settings)
     observed: Transport = transport if health is None else ObservedTransport(transport, health[0])
+    bound = ShutdownBound(settings.shutdown_timeout)
+
+    def stopping(error: BaseException | None) -> None:
+        if error is None:
+            bound.begin(EXIT_INTERRUPTED, "stop")
+        else:
+            bound.begin(worker_status(error), type(error).__name__)
+
     runner = Runner(
-        app, settings, observed, store, publisher=publisher, dead_letter_limits=limits, lag=lag
-    )
-    _install_signals(runner, settings.shutdown_timeout)
+        app, settings, observed, store, publisher=publisher, dead_letter_limits=limits, lag=lag,
+        on_stopping=stopping,
+    )  # fmt: skip
+    _install_signals(runner, bound)
+    watch_threads(lambda died: _thread_died(runner, bound, died))
     log.info("starting with %r", settings)
     if tuned:
         freeze_start_up()
+    error: BaseException | None = None
     try:
         runner.run()
+    except BaseException as exc:
+        error = exc
     finally:
         if health is not None:
             health[1].close()
+    _end(error, runner.unfinished())
+
+
+def _end(error: BaseException | None, unfinished: int) -> None:
+    """Return (a clean stop), let ``error`` reach the CLI, or end the process, as ``error`` says.
+
+    With batches still running the process ends at once (its exit would join
+    their threads); else the CLI reports kinbox's own errors, and anything
+    else ends it here with the worker's status for it.
+    """
+    status = EXIT_INTERRUPTED if error is None else worker_status(error)
+    if unfinished:
+        log.error(
+            "exiting with status %d, %d batch(es) still running (their transactions roll back "
+            "as the process's connections close)",
+            status, unfinished,
+        )  # fmt: skip
+        exit_at_once(status)
+    if error is None:
+        return
+    if isinstance(error, (ImportError, KinboxError)):
+        raise error  # the CLI says it, with its status
+    log.error("exiting with status %d", status)
+    sys.exit(status)
+
+
+def _thread_died(runner: Runner, bound: ShutdownBound, died: ThreadDied) -> None:
+    bound.begin(EXIT_CRASH, "a thread died")
+    runner.stop(died)
 
 
 def _serve_health(settings: Settings) -> tuple[Health, HealthServer] | None:
@@ -223,16 +267,15 @@ def _serve_health(settings: Settings) -> tuple[Health, HealthServer] | None:
     return health, HealthServer(health, settings.health_port).start()
 
 
-def _install_signals(runner: Runner, timeout: float) -> None:
+def _install_signals(runner: Runner, bound: ShutdownBound) -> None:
     def on_signal(signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if runner.stopping:
-            log.warning("second %s: exiting now", signal.Signals(signum).name)
-            os._exit(EXIT_INTERRUPTED)
-        log.info("%s: finishing the batch in hand, then stopping", signal.Signals(signum).name)
+            log.warning("second %s: exiting now", name)
+            exit_at_once(EXIT_INTERRUPTED)
+        log.info("%s: finishing the batch in hand, then stopping", name)
+        bound.begin(EXIT_INTERRUPTED, name)
         runner.stop()
-        timer = threading.Timer(timeout, _give_up, args=(timeout,))
-        timer.daemon = True
-        timer.start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -246,10 +289,4 @@ def _wedged(reason: str) -> None:
     suppresses whatever the next owner reads again.
     """
     log.error("exiting with status %d: %s", EXIT_WEDGED, reason)
-    logging.shutdown()
-    os._exit(EXIT_WEDGED)
-
-
-def _give_up(timeout: float) -> None:
-    log.error("shutdown took longer than %.1fs: exiting now", timeout)
-    os._exit(EXIT_INTERRUPTED)
+    exit_at_once(EXIT_WEDGED)

@@ -9,19 +9,12 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import psycopg
-
 from kinbox.devstack.stack import Stack
-from kinbox.ops.worker import EXIT_INTERRUPTED
+from kinbox.ops.exits import EXIT_INTERRUPTED
 from tests.conftest import MakeTopic
 from tests.integration.inbox_support import committed, effects, produce, start_worker
-from tests.support.database import Conn, prepare_schema
+from tests.support.database import Conn, prepare_schema, with_application_name, writing
 from tests.support.waiting import wait_for
-
-
-def _named(database_url: str, schema: str) -> str:
-    """``database_url`` with this test's own ``application_name``, so its worker is found."""
-    return f"{database_url}{'&' if '?' in database_url else '?'}application_name={schema}"
 
 
 def _batch_in_flight(database_url: str, schema: str) -> bool:
@@ -35,13 +28,7 @@ def _batch_in_flight(database_url: str, schema: str) -> bool:
     transaction too, before the signal handlers exist (a SIGTERM seen then
     killed the worker with -15 in one full run).
     """
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
-            " AND backend_xid IS NOT NULL AND application_name = %s",
-            (schema,),
-        ).fetchone()
-    return bool(row and row[0])
+    return writing(database_url, schema)
 
 
 @contextmanager
@@ -67,7 +54,8 @@ def test_sigterm_finishes_the_batch_in_hand_and_commits_it(
     stack: Stack, make_topic: MakeTopic, schema: str, db: Conn
 ) -> None:
     topic, group = _three_events(stack, make_topic, schema)
-    addr = (stack.bootstrap_servers, _named(stack.database_url, schema), topic, group, schema)
+    named = with_application_name(stack.database_url, schema)
+    addr = (stack.bootstrap_servers, named, topic, group, schema)
     with _reaped(start_worker(*addr, sleep=1.0)) as worker:
         wait_for(lambda: _batch_in_flight(stack.database_url, schema), what="a batch in flight")
 
@@ -84,7 +72,8 @@ def test_second_signal_exits_at_once_and_nothing_is_lost(
     stack: Stack, make_topic: MakeTopic, schema: str, db: Conn
 ) -> None:
     topic, group = _three_events(stack, make_topic, schema)
-    addr = (stack.bootstrap_servers, _named(stack.database_url, schema), topic, group, schema)
+    named = with_application_name(stack.database_url, schema)
+    addr = (stack.bootstrap_servers, named, topic, group, schema)
     with _reaped(start_worker(*addr, sleep=20.0)) as worker:
         wait_for(lambda: _batch_in_flight(stack.database_url, schema), what="a batch in flight")
 
@@ -111,7 +100,8 @@ def test_shutdown_timeout_bounds_a_graceful_stop(
     stack: Stack, make_topic: MakeTopic, schema: str, db: Conn
 ) -> None:
     topic, group = _three_events(stack, make_topic, schema)
-    addr = (stack.bootstrap_servers, _named(stack.database_url, schema), topic, group, schema)
+    named = with_application_name(stack.database_url, schema)
+    addr = (stack.bootstrap_servers, named, topic, group, schema)
     env = {"KINBOX_SHUTDOWN_TIMEOUT": "2"}
     with _reaped(start_worker(*addr, sleep=30.0, env=env)) as worker:
         wait_for(lambda: _batch_in_flight(stack.database_url, schema), what="a batch in flight")

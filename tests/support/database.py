@@ -63,6 +63,22 @@ def with_application_name(database_url: str, name: str) -> str:
     return f"{database_url}{'&' if '?' in database_url else '?'}application_name={name}"
 
 
+def writing(database_url: str, name: str) -> bool:
+    """Whether a session named ``name`` has a transaction open that wrote (holds an xid).
+
+    A worker's batch shows so once its claim ran: its handlers then run
+    inside that transaction. Only sessions of that ``application_name``
+    count (see :func:`with_application_name`): the server is shared.
+    """
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            " AND backend_xid IS NOT NULL",
+            (name,),
+        ).fetchone()
+    return bool(row and row[0])
+
+
 @dataclass(frozen=True)
 class Backend:
     """One session of the database, as pg_stat_activity shows it."""

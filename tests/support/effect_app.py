@@ -29,6 +29,15 @@ Behaviour, by environment variable:
     ``FAULT_SLOW_SECONDS``), so a test can release it exactly when its fault is
     in place. A held call writes ``w <partition> <offset> <id> begin|end <time>``
     lines (``time.monotonic()``: one clock for every process on the machine).
+``FAULT_EXIT_IDS``
+    the handler calls ``sys.exit(3)`` for each event whose id is in this
+    comma-separated list (the sync handler on its batch thread, the async one
+    inside its coroutine).
+``FAULT_KILL_LOOP_IDS``
+    the async handler, for these ids, has the event loop call ``sys.exit(3)``
+    (as a callback, which asyncio lets end the loop's thread) and waits.
+``FAULT_HOOK_FAIL_IDS``
+    the middleware's ``before_batch`` raises for a batch holding one of these ids.
 ``FAULT_BROKEN_UNLESS``
     a path: until a file exists there, the handler raises
     :class:`BrokenDeployError` for every event (a bad deploy; creating the
@@ -65,6 +74,7 @@ import asyncio
 import faulthandler
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -88,6 +98,9 @@ GATE = os.environ.get("FAULT_GATE", "")
 LOG_DIR = os.environ.get("FAULT_LOG_DIR", "")
 VALUES = os.environ.get("FAULT_VALUES", "")
 BROKEN_UNLESS = os.environ.get("FAULT_BROKEN_UNLESS", "")
+EXIT_IDS = frozenset(filter(None, os.environ.get("FAULT_EXIT_IDS", "").split(",")))
+KILL_LOOP_IDS = frozenset(filter(None, os.environ.get("FAULT_KILL_LOOP_IDS", "").split(",")))
+HOOK_FAIL_IDS = frozenset(filter(None, os.environ.get("FAULT_HOOK_FAIL_IDS", "").split(",")))
 HANDLER = os.environ.get("FAULT_HANDLER", "sync")
 
 VALUES_DDL = (
@@ -144,6 +157,8 @@ class DeliveryLog(Middleware):
     def before_batch(self, topic: str, partition: int, records: Sequence[Record]) -> None:
         # One write for the whole batch: cheaper, and a SIGKILL cannot split it.
         _log("\n".join(f"d {r.partition} {r.offset} {_header_id(r)}" for r in records))
+        if HOOK_FAIL_IDS and any(_header_id(r) in HOOK_FAIL_IDS for r in records):
+            raise RuntimeError("injected: a middleware's before_batch is broken")
 
     def after_batch(
         self,
@@ -170,6 +185,8 @@ _values = sql.SQL("INSERT INTO {}.{} VALUES (%s, %s, %s, %s, %s, %s)").format(
 def apply_effect(event: Event, tx: Any) -> None:
     """Insert one effect row; optionally sleep, hold, fail, always fail, or write payload values."""
     _log_call(event)
+    if event.id in EXIT_IDS:
+        sys.exit(3)
     if SLEEP:
         time.sleep(SLEEP)
     if event.id in SLOW_IDS:
@@ -182,6 +199,11 @@ def apply_effect(event: Event, tx: Any) -> None:
 async def apply_effect_async(event: Event, tx: AsyncConnection[Any]) -> None:
     """:func:`apply_effect` as an ``async def`` handler on its ``AsyncConnection``."""
     _log_call(event)
+    if event.id in EXIT_IDS:
+        sys.exit(3)
+    if event.id in KILL_LOOP_IDS:
+        asyncio.get_running_loop().call_soon(sys.exit, 3)
+        await asyncio.sleep(60)
     if SLEEP:
         await asyncio.sleep(SLEEP)
     if event.id in SLOW_IDS:

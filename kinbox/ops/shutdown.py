@@ -1,0 +1,117 @@
+"""A worker process's stop, bounded: whatever begins it, the process exits within a deadline.
+
+A worker stops because of a signal, or of an error: a fatally failed
+consumer, ``missing_id=fail``, a batch that raised (a middleware hook, a
+handler's ``sys.exit()``), a thread it needs that died. The runner then
+waits for its batches in flight until the shutdown deadline (less a share
+for committing and closing: :mod:`kinbox.consume.runner`), but what comes
+after — the consumer's close, the pools' close, the middleware's
+``after_worker_stop``, the interpreter's own exit, which joins every thread —
+may still wait on something that never answers. :class:`ShutdownBound` is the
+backstop: armed by the first reason to stop, it ends the process with that
+reason's exit status once ``shutdown_timeout`` has passed. That is safe at
+any point: an offset is only ever committed after its database transaction,
+and PostgreSQL rolls back the transaction of a connection that closes.
+
+:func:`watch_threads` makes a kinbox thread that dies (an uncaught
+exception: the event loop of async handlers, say) an ERROR and a stop, never
+a silent end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import NoReturn
+
+from kinbox.describe import describe
+from kinbox.errors import ThreadDied
+
+log = logging.getLogger("kinbox.ops.worker")
+
+THREAD_PREFIX = "kinbox-"
+"""The name of every thread kinbox starts begins so; only those are watched."""
+
+
+def exit_at_once(status: int) -> NoReturn:
+    """End the process now with ``status``: logs and standard streams flushed, no thread joined."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        # Closed, or the reader went away: nothing more to say.
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(status)
+
+
+class ShutdownBound:
+    """Ends the process once a stop has lasted ``timeout`` seconds.
+
+    Args:
+        timeout: the longest stop (``shutdown_timeout``).
+        give_up: what ends the process, given the status (tests replace it).
+    """
+
+    def __init__(self, timeout: float, give_up: Callable[[int], object] = exit_at_once) -> None:
+        self._timeout = timeout
+        self._give_up = give_up
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self.status: int | None = None
+        """The exit status of the first reason to stop, once one came."""
+
+    def begin(self, status: int, why: str) -> None:
+        """A stop began, for ``why``: start the clock (only the first call does)."""
+        with self._lock:
+            if self._timer is not None:
+                return
+            self.status = status
+            self._timer = threading.Timer(self._timeout, self._expired, args=(why,))
+            self._timer.daemon = True
+            self._timer.name = f"{THREAD_PREFIX}shutdown-bound"
+            self._timer.start()
+
+    def _expired(self, why: str) -> None:
+        assert self.status is not None
+        log.error(
+            "shutdown (%s) took longer than %.1fs: exiting now with status %d; nothing more "
+            "is committed, and what the database had not committed is rolled back",
+            why, self._timeout, self.status,
+        )  # fmt: skip
+        self._give_up(self.status)
+
+
+def watch_threads(on_death: Callable[[ThreadDied], None]) -> None:
+    """Make a kinbox thread that ends on an exception an ERROR and a call of ``on_death``.
+
+    Installs ``threading.excepthook`` for the process; the deaths of threads
+    whose names do not begin with :data:`THREAD_PREFIX` go to the hook there
+    was before. (A thread that ends on ``SystemExit`` reaches no hook:
+    kinbox's own threads turn it into :class:`~kinbox.errors.ThreadDied` first.)
+    """
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        thread = args.thread
+        if thread is None or not thread.name.startswith(THREAD_PREFIX):
+            previous(args)
+            return
+        error = args.exc_value
+        what = args.exc_type.__name__ if error is None else describe(error)
+        log.error(
+            "thread %s died: %s; stopping the worker",
+            thread.name,
+            what,
+            exc_info=None if error is None else (args.exc_type, error, args.exc_traceback),
+        )
+        if isinstance(error, ThreadDied):
+            on_death(error)
+            return
+        died = ThreadDied(f"thread {thread.name} died: {what}")
+        died.__cause__ = error
+        on_death(died)
+
+    threading.excepthook = hook
