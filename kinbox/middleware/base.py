@@ -16,7 +16,8 @@ span or a context opened in one is always closed in the other.
     of one partition never overlap, and a batch's hooks all run on its
     thread). An exception here propagates: the batch is not applied, nothing
     is committed past it, and the worker stops, loudly — a broken layer must
-    not let events through unobserved. The layers whose ``before_batch`` ran still get their
+    not let events through unobserved (``kinbox worker`` exits with status
+    10; 9 for ``SystemExit``). The layers whose ``before_batch`` ran still get their
     ``after_batch``, with the error.
 ``around_event`` / ``around_events``
     around each call of a per-event handler (one event) or a batch handler
