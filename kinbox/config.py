@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from kinbox.errors import ConfigurationError
 from kinbox.names import sql_identifier
@@ -34,6 +35,7 @@ _PROTECTED_KAFKA_KEYS = {
 }
 _SECRET_KEY = re.compile(r"password|secret|token|jaas|oauthbearer\.config|key\.pem|credential")
 _URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*(@)")
+_URL_SECRET = re.compile(r"(://[^:/@]*:)([^@]*)@")
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
 MASK = "***"
 
@@ -223,6 +225,19 @@ class Settings:
             k: (MASK if _SECRET_KEY.search(k) else v) for k, v in self.kafka_overrides.items()
         }
         return out
+
+    def secret_values(self) -> list[str]:
+        """The secrets held here, verbatim: the database password, secret ``-X`` values.
+
+        For a masking that cannot rely on a secret's surroundings (a page that
+        shows text from anywhere): each of these is to be replaced wherever it
+        appears. Empty values are left out.
+        """
+        found = [m.group(2) for m in _URL_SECRET.finditer(self.database_url)]
+        found += [unquote(value) for value in found]  # as a library may quote it, decoded
+        found += [m.group(2).strip("'") for m in _KV_PASSWORD.finditer(self.database_url)]
+        found += [v for k, v in self.kafka_overrides.items() if _SECRET_KEY.search(k)]
+        return sorted({value for value in found if value}, key=len, reverse=True)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.redacted().items())

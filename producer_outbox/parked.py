@@ -14,8 +14,9 @@ relays. A requeued row is the earliest unfinished row of its key, so it goes
 out first, then the rows held behind it. Requeue after fixing the cause
 (raise the topic's ``max.message.bytes``, grant the ACL, ...); a row that keeps
 failing is parked again after ``max_attempts`` more tries. To give up on a row
-instead, delete it (``DELETE FROM <schema>.outbox WHERE id = …``): its key's
-later rows then go on without it.
+instead, delete it (:func:`discard`, as ``kinbox console`` does, or ``DELETE
+FROM <schema>.outbox WHERE id = …``): its key's later rows then go on without
+it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ _REQUEUE = """
 UPDATE {outbox}
 SET status = 'pending', attempts = 0, last_error = NULL, next_attempt_at = now()
 WHERE id = ANY(%s::uuid[])
+"""
+
+# Only a parked row: a pending or sent one is never given up from here.
+_DISCARD = """
+DELETE FROM {outbox} WHERE status = 'dead' AND id = %s
+RETURNING id::text, topic, aggregateid, attempts, last_error
 """
 
 # Rows of these keys that wait behind each key's earliest parked row.
@@ -154,6 +161,19 @@ def requeue(
             conn.execute(sql.SQL(_REQUEUE).format(outbox=outbox), ([r.id for r in rows],))
             conn.execute("SELECT pg_notify(%s, '')", (notify_channel(schema),))
     return Requeued(rows, held, dry_run)
+
+
+def discard(conn: psycopg.Connection[Any], schema: str, row_id: uuid.UUID) -> ParkedRow | None:
+    """Delete the parked row ``row_id``, giving its event up; ``None`` if no such row is parked.
+
+    The later rows of its key then go out without it: the same transaction
+    wakes the relays (``NOTIFY``).
+    """
+    with conn.transaction():
+        found = conn.execute(sql.SQL(_DISCARD).format(outbox=_outbox(schema)), (row_id,)).fetchone()
+        if found is not None:
+            conn.execute("SELECT pg_notify(%s, '')", (notify_channel(schema),))
+    return None if found is None else ParkedRow(*found)
 
 
 def blocked_keys(

@@ -144,6 +144,14 @@ class Inspector:
             if tp.error is None and tp.offset >= 0
         }
 
+    def topic_names(self) -> list[str]:
+        """Every topic of the cluster but its internal ones (``__consumer_offsets``...), sorted."""
+        try:
+            meta = self._admin.list_topics(timeout=self._timeout)
+        except KafkaException as exc:
+            raise translate("listing topics", exc) from exc
+        return sorted(name for name in meta.topics if not name.startswith("__"))
+
     def partitions(self, topics: Iterable[str]) -> list[Partition]:
         """Every partition of those of ``topics`` that exist."""
         wanted = set(topics)

@@ -13,12 +13,15 @@ an index over only what it returns:
 - the activity of a window: a range of the ``processed_at`` index;
 - dead letters and skips: the partial index of the rows that are not
   ``applied`` (inbox migration step 3), which the claim never writes to;
+- the verdicts of given events (the console's dead letters): one
+  primary-key probe per ``(consumer, event id)`` asked about;
 - the table's size: the planner's row estimate and ``pg_total_relation_size``,
   never ``count(*)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -67,6 +70,14 @@ _LOOKUP = """
 SELECT consumer, status, reason, topic, partition, "offset", processed_at, trace_id
 FROM {table} WHERE consumer = ANY(%s) AND event_id = %s
 ORDER BY processed_at, consumer
+"""
+
+
+# unnest() pairs the groups with the ids, so each pair is one primary-key probe.
+_STATUSES = """
+SELECT p.consumer, p.event_id, p.status, p.processed_at
+FROM unnest(%s::text[], %s::text[]) AS q(consumer, event_id)
+JOIN {table} p ON p.consumer = q.consumer AND p.event_id = q.event_id
 """
 
 
@@ -168,6 +179,17 @@ class InboxReader:
             int(size),
             None if oldest is None else float(oldest),
         )
+
+    def statuses(
+        self, pairs: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[str, datetime]]:
+        """The row of each ``(consumer, event id)`` that has one: its status and when."""
+        asked = sorted(set(pairs))
+        if not asked:
+            return {}
+        consumers, ids = ([a for a, _ in asked], [b for _, b in asked])
+        rows = self._rows(_STATUSES, (consumers, ids))
+        return {(c, e): (status, at) for c, e, status, at in rows}
 
     def lookup(self, groups: list[str], event_id: str) -> list[Processed]:
         """The rows of ``event_id`` in each of ``groups`` that has one, oldest first."""
