@@ -1,4 +1,4 @@
-"""The ``kinbox`` command: ``worker`` and ``migrate`` (``dev`` and ``outbox`` mount here too).
+"""The ``kinbox`` command: ``worker``, ``migrate``; ``dev``, ``outbox``, ``console``... mount here.
 
 Exit codes tell a supervisor what went wrong without parsing logs:
 2 configuration, 3 import, 4 connection, 5 schema not migrated, 6 stopped on a
@@ -36,6 +36,7 @@ from kinbox.cli.support import die as _die
 from kinbox.cli.support import guard as _guard
 from kinbox.cli.support import parse_kafka_overrides as _kafka_overrides
 from kinbox.config import Settings
+from kinbox.store.decisions import CONSOLE
 from kinbox.store.migrations import Component, render
 from kinbox.store.schema import INBOX
 
@@ -181,8 +182,8 @@ def _run(app: Any, settings: Settings) -> None:
 
 
 def components() -> list[Component]:
-    """The schema components to migrate: the inbox, and the outbox when installed."""
-    found = [INBOX]
+    """The schema components to migrate: inbox, console (decisions), outbox (when installed)."""
+    found = [INBOX, CONSOLE]
     try:
         from producer_outbox.schema import OUTBOX  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
@@ -218,6 +219,7 @@ def migrate(database_url: str | None, schema: str | None, print_sql: bool) -> No
 
 # Both ship in this distribution; imported last so `kinbox --help` lists them.
 from kinbox.bench.command import bench  # noqa: E402
+from kinbox.cli.console import console  # noqa: E402
 from kinbox.cli.explain import explain_command  # noqa: E402
 from kinbox.cli.ops import dlq, inbox  # noqa: E402
 from kinbox.cli.status import status  # noqa: E402
@@ -225,6 +227,7 @@ from kinbox.devstack.command import dev  # noqa: E402
 from producer_outbox.cli import outbox  # noqa: E402
 
 main.add_command(bench)
+main.add_command(console)
 main.add_command(dev)
 main.add_command(dlq)
 main.add_command(explain_command)

@@ -8,6 +8,7 @@ import sys
 from psycopg import sql
 
 from kinbox.devstack.stack import Stack
+from kinbox.store.decisions import CONSOLE
 from kinbox.store.schema import INBOX
 from producer_outbox.schema import OUTBOX
 from tests.support.database import Conn
@@ -30,13 +31,16 @@ def test_concurrent_migrations_apply_each_step_once(stack: Stack, schema: str, d
     assert [run.returncode for run in runs] == [0, 0, 0, 0], outputs
     migrated = [out for out in outputs if f"migrated 0 -> {INBOX.version}" in out]
     assert len(migrated) == 1, outputs
-    assert sum(out.count("up to date") for out in outputs) == 3 * 2  # inbox and outbox lines
+    # inbox, console and outbox lines
+    assert sum(out.count("up to date") for out in outputs) == 3 * 3
     versions = db.execute(
         sql.SQL("SELECT component, version FROM {}.schema_version ORDER BY 1").format(
             sql.Identifier(schema)
         )
     ).fetchall()
-    assert versions == [("inbox", INBOX.version), ("outbox", OUTBOX.version)]
+    assert versions == [
+        ("console", CONSOLE.version), ("inbox", INBOX.version), ("outbox", OUTBOX.version),
+    ]  # fmt: skip
 
 
 def test_migrating_again_changes_nothing(stack: Stack, schema: str) -> None:
@@ -45,4 +49,4 @@ def test_migrating_again_changes_nothing(stack: Stack, schema: str) -> None:
     out = again.communicate(timeout=60)[0]
     assert again.returncode == 0
     assert "migrated 0 -> " in first
-    assert out.count("up to date") == 2, out
+    assert out.count("up to date") == 3, out
