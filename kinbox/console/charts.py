@@ -50,6 +50,16 @@ class Chart:
         return self.height - _BOTTOM
 
 
+def chart_span(sampled: float, most: float = 3600.0) -> float:
+    """The seconds a chart's x axis covers: what was sampled, in 5 minutes steps, up to ``most``.
+
+    A console that started a minute ago draws its minute over 5 minutes,
+    not over an hour where it would be a sliver at the right edge.
+    """
+    step = 300.0
+    return min(most, max(step, math.ceil(sampled / step) * step))
+
+
 def nice_ceiling(value: float) -> float:
     """The smallest of 1, 2, 2.5, 5 times a power of ten that is at least ``value``."""
     if value <= 0:

@@ -17,7 +17,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from kinbox.console import preview
 from kinbox.console.app_support import console_of, json_of, render
-from kinbox.console.charts import chart
+from kinbox.console.charts import chart, chart_span
 from kinbox.console.fingerprint import is_fingerprint
 from kinbox.console.letters import Letter, LetterGroup, Scan
 from kinbox.console.overview import Snapshot
@@ -55,10 +55,11 @@ async def _snapshot(request: Request) -> Snapshot:
 def _charts(request: Request) -> list[Any]:
     series = console_of(request).sampler.series()
     now = time.time()
+    span = chart_span(now - series[0].at if series else 0.0)
     return [
-        chart("Lag", "records behind, all groups", [(s.at, s.lag) for s in series], now),
-        chart("Throughput", "events applied / s", [(s.at, s.applied) for s in series], now),
-        chart("Dead letters", "dead-lettered / s", [(s.at, s.dead) for s in series], now),
+        chart("Lag", "records behind, all groups", [(s.at, s.lag) for s in series], now, span),
+        chart("Throughput", "events applied / s", [(s.at, s.applied) for s in series], now, span),
+        chart("Dead letters", "dead-lettered / s", [(s.at, s.dead) for s in series], now, span),
     ]
 
 
