@@ -53,10 +53,14 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["KINBOX_FAULTS_LONG"] = "1"
 
 
+_MARKED_DIRECTORIES = {"unit", "integration", "faults", "contract", "examples", "console"}
+"""Each test in one of these directories gets its name as a marker (``examples``: integration)."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).relative_to(_ROOT).parts
-        if parts and parts[0] in {"unit", "integration", "faults", "contract", "examples"}:
+        if parts and parts[0] in _MARKED_DIRECTORIES:
             item.add_marker(parts[0] if parts[0] != "examples" else "integration")
         if parts and parts[-1].startswith("test_cdc"):
             item.add_marker("cdc")
