@@ -1,9 +1,17 @@
-"""The one module that touches confluent-kafka: publish a batch, report each record's fate.
+"""The one module that touches confluent-kafka: send records, report each record's fate.
 
 :class:`Publisher` is the seam: the relay is unit-tested with a fake and
 integration-tested with :class:`KafkaPublisher`, an idempotent producer
 (``enable.idempotence=true``: no duplicates or reordering from the client's own
-retries) that waits for the delivery report of every record.
+retries) that reports the delivery of every record.
+
+The relay never waits for a whole batch: it sends records (:meth:`~Streaming.send`)
+and gets a :class:`Sending` back at once, whose outcomes fill in as
+:meth:`~Streaming.serve` hands over the delivery reports. So a record that waits
+on a broker that does not answer holds up nothing but itself (and the rows of
+its key, which the lane group keeps back: :mod:`.flight`). A publisher with
+only :meth:`Publisher.publish` (a test's fake) is used through
+:func:`streaming`, which sends synchronously.
 """
 
 from __future__ import annotations
@@ -121,6 +129,92 @@ class Publisher(Protocol):
         ...
 
 
+class Sending:
+    """The records of one :meth:`Streaming.send`, and their outcomes as Kafka reports them.
+
+    ``outcomes[i]`` is ``None`` until record ``i`` has its final outcome. Each
+    index whose outcome became known is appended to :attr:`known` once, in the
+    order they came; the reader takes them from there.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.outcomes: list[Outcome | None] = [None] * count
+        self.known: list[int] = []
+        """Indexes whose outcome came since the reader last cleared this list."""
+        self._unknown = count
+
+    @classmethod
+    def of(cls, outcomes: Sequence[Outcome]) -> Sending:
+        """A sending whose every outcome is known already."""
+        sending = cls(len(outcomes))
+        for index, outcome in enumerate(outcomes):
+            sending.settle(index, outcome)
+        return sending
+
+    @property
+    def done(self) -> bool:
+        """Whether every record has its final outcome."""
+        return self._unknown == 0
+
+    def settle(self, index: int, outcome: Outcome) -> None:
+        """Give record ``index`` its final ``outcome`` (a second one is ignored)."""
+        if self.outcomes[index] is None:
+            self.outcomes[index] = outcome
+            self.known.append(index)
+            self._unknown -= 1
+
+
+@runtime_checkable
+class Streaming(Protocol):
+    """A publisher that sends without waiting: outcomes come later, through :meth:`serve`."""
+
+    def send(self, records: Sequence[Record]) -> Sending:
+        """Start sending ``records`` (in order); return at once.
+
+        Records refused before they leave (the topic refused as a whole, a
+        record over the client's size limit, one held behind a refused record
+        of its key) have their outcome in the returned :class:`Sending` already.
+        """
+        ...
+
+    def serve(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for delivery reports; fill in the sendings' outcomes.
+
+        Returns at once when nothing is in flight. A record gets an outcome in
+        bounded time: its report, or an outage outcome when none came.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the client."""
+        ...
+
+
+class _Synchronous:
+    """A :class:`Publisher` that only publishes and waits, used as a :class:`Streaming` one."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self._publisher = publisher
+
+    def send(self, records: Sequence[Record]) -> Sending:
+        return Sending.of(self._publisher.publish(records))
+
+    def serve(self, timeout: float) -> None:
+        """Nothing is ever left in flight."""
+
+    def close(self) -> None:
+        self._publisher.close()
+
+
+AnyPublisher = Publisher | Streaming
+"""What a relay publishes through: a :class:`Streaming` publisher, or one it adapts."""
+
+
+def streaming(publisher: AnyPublisher) -> Streaming:
+    """``publisher`` itself if it can stream, else one that sends it each batch and waits."""
+    return publisher if isinstance(publisher, Streaming) else _Synchronous(publisher)
+
+
 @runtime_checkable
 class Siblings(Protocol):
     """A publisher that can make another like it, for a relay's second lane group."""
@@ -186,16 +280,50 @@ def _reported(report: object, missing: Outcome, fatal: bool) -> Outcome:
     return _outcome(report)
 
 
+_LATE = Outcome("no delivery report in time", outage=True)
+
+
+class _Flight:
+    """The records of one send that still wait for delivery reports, and their sending."""
+
+    def __init__(self, records: Sequence[Record], deadline: float) -> None:
+        self.records = records
+        self.sending = Sending(len(records))
+        self.deadline = deadline
+        """When every report should have come (``message.timeout.ms`` and a margin)."""
+        self.reports: list[object] = [_PENDING] * len(records)
+        self.arrived: list[int] = []
+        """Indexes whose report came and is not yet an outcome."""
+
+    def report(self, index: int) -> _Callback:
+        """The delivery callback of record ``index``."""
+
+        def on_delivery(error: KafkaError | None, _message: Message) -> None:
+            # Only store it: after a fatal error the binding may run this
+            # with that exception pending, when any call on `error` fails.
+            self.reports[index] = error
+            self.arrived.append(index)
+
+        return on_delivery
+
+    def waiting(self) -> bool:
+        """Whether a record has neither an outcome nor a report."""
+        return any(
+            outcome is None and report is _PENDING
+            for outcome, report in zip(self.sending.outcomes, self.reports, strict=True)
+        )
+
+
 class KafkaPublisher:
-    """A :class:`Publisher` over one idempotent ``confluent_kafka.Producer``.
+    """A :class:`Publisher`, :class:`Streaming` too, over an idempotent confluent-kafka producer.
 
     A fatal producer error (see :mod:`kinbox.kafka.errors`: idempotence
     state lost, or ``enable.gapless.guarantee`` unable to hold) makes every
-    later call of that producer fail. The batch in hand then ends: each
+    later call of that producer fail. Every sending in flight then ends: each
     record the broker had not acknowledged gets an *outage* outcome (the
     relay retries it and never parks it for this), and the producer is
-    replaced by a new one before the next batch. A record's own error (say,
-    too large for the topic) keeps its own outcome.
+    replaced by a new one at once. A record's own error (say, too large for
+    the topic) keeps its own outcome.
 
     Args:
         config: the producer configuration (:func:`producer_config`).
@@ -224,6 +352,7 @@ class KafkaPublisher:
         """How many times a fatally failed producer was replaced."""
         self._metadata_timeout = min(10.0, timeout_ms / 1000)
         self._writable: set[str] = set()  # topics the broker confirmed (see _refused_topics)
+        self._flights: list[_Flight] = []  # sends with records still waiting for reports
 
     def sibling(self) -> KafkaPublisher:
         """A new publisher with this one's configuration and a producer of its own.
@@ -235,20 +364,17 @@ class KafkaPublisher:
         return KafkaPublisher(self._config, self._factory)
 
     def publish(self, records: Sequence[Record]) -> list[Outcome]:
-        """Produce every record, flush, and return each delivery report's outcome."""
-        # Set at once: refused by produce(), or held back behind its key.
-        outcomes: list[Outcome | None] = [None] * len(records)
-        reports: list[object] = [_PENDING] * len(records)
+        """Send ``records`` and wait until each has its outcome (:meth:`send`, :meth:`serve`)."""
+        sending = self.send(records)
+        while not sending.done:
+            self.serve(1.0)
+        return [outcome or _LATE for outcome in sending.outcomes]
+
+    def send(self, records: Sequence[Record]) -> Sending:
+        """Produce every record; return their :class:`Sending` at once (see :class:`Streaming`)."""
+        flight = _Flight(records, time.monotonic() + self._flush_timeout)
+        sending = flight.sending
         fatal = _Fatal()
-
-        def report(index: int) -> _Callback:
-            def on_delivery(error: KafkaError | None, _message: Message) -> None:
-                # Only store it: after a fatal error the binding may run this
-                # with that exception pending, when any call on `error` fails.
-                reports[index] = error
-
-            return on_delivery
-
         # A key's order spans topics (the outbox orders rows by key, whatever their topic).
         failed_keys: set[bytes] = set()
         refused_topics = self._refused_topics(records)
@@ -258,50 +384,76 @@ class KafkaPublisher:
             if record.key is not None and record.key in failed_keys:
                 # An earlier record of this key was refused at once (e.g. too large):
                 # sending this one would overtake it. It waits, untouched (HELD).
-                outcomes[index] = HELD
+                sending.settle(index, HELD)
                 continue
             if record.topic in refused_topics:
-                outcomes[index] = refused_topics[record.topic]
+                sending.settle(index, refused_topics[record.topic])
             else:
-                self._produce(index, record, report(index), outcomes, fatal)
-            refused = outcomes[index]  # set already only when produce() refused it
+                self._produce(index, record, flight, fatal)
+            refused = sending.outcomes[index]  # set already only when produce() refused it
             if record.key is not None and refused is not None and not refused.ok:
                 failed_keys.add(record.key)
+        if not sending.done:
+            self._flights.append(flight)
+        if fatal.reason is not None:
+            self._replace(fatal.reason)
+        return sending
 
-        def waiting() -> bool:
-            return any(o is None and r is _PENDING for o, r in zip(outcomes, reports, strict=True))
-
-        deadline = time.monotonic() + self._flush_timeout
-        while fatal.reason is None and waiting() and time.monotonic() < deadline:
-            self._serve(fatal, lambda: self._producer.flush(min(1.0, deadline - time.monotonic())))
-        if fatal.reason is None and any(isinstance(r, KafkaError) for r in reports):
+    def serve(self, timeout: float) -> None:
+        """See :meth:`Streaming.serve`: poll the producer, then record what it reported."""
+        if not self._flights:
+            return
+        fatal = _Fatal()
+        self._serve(fatal, lambda: self._producer.poll(timeout))
+        if fatal.reason is None and self._fatal_reports(fatal):
             # A refusal can make the producer fatal (enable.gapless.guarantee):
             # serve its error event now, not in the next batch's produce().
             self._serve(fatal, lambda: self._producer.poll(0))
-        for error in reports:
-            if isinstance(error, KafkaError) and is_fatal(error):
-                fatal.saw(error)  # a report that carries only the code _FATAL
+            self._fatal_reports(fatal)
         if fatal.reason is not None:
-            self._replace(fatal.reason, waiting)
-        elif waiting():
+            self._replace(fatal.reason)
+            return
+        now = time.monotonic()
+        late = [f for f in self._flights if f.waiting() and now > f.deadline]
+        if late:
             # Should not happen (message.timeout.ms bounds every record); drop what
-            # is still queued so it cannot go out after a retry of the same row.
+            # is still queued so it cannot go out after a retry of the same row
+            # (records of other sendings still queued are purged too: an outage
+            # outcome, retried).
             self._producer.purge(in_queue=True, in_flight=False)
             self._serve(fatal, lambda: self._producer.poll(0))
-        missing = (
-            Outcome(f"not delivered: the producer failed fatally ({fatal.reason})", outage=True)
-            if fatal.reason is not None
-            else Outcome("no delivery report in time", outage=True)
-        )
-        final = [
-            outcome
-            if outcome is not None
-            else _reported(reports[index], missing, fatal.reason is not None)
-            for index, outcome in enumerate(outcomes)
-        ]
-        # A topic refused now is asked about again before its next records go.
-        self._writable -= {r.topic for r, o in zip(records, final, strict=True) if o.topic_failure}
-        return final
+            if fatal.reason is not None:
+                self._replace(fatal.reason)
+                return
+        for flight in self._flights:
+            self._record(flight, _LATE if flight in late else None, fatal=False)
+        self._flights = [f for f in self._flights if not f.sending.done]
+
+    def _fatal_reports(self, fatal: _Fatal) -> bool:
+        """Note a report that says the producer is fatally broken; whether any report failed."""
+        failed = False
+        for flight in self._flights:
+            for index in flight.arrived:
+                report = flight.reports[index]
+                if isinstance(report, KafkaError):
+                    failed = True
+                    if is_fatal(report):
+                        fatal.saw(report)  # a report that carries only the code _FATAL
+        return failed
+
+    def _record(self, flight: _Flight, missing: Outcome | None, *, fatal: bool) -> None:
+        """Turn ``flight``'s new reports into outcomes; with ``missing``, finish the rest too."""
+        for index in flight.arrived:
+            outcome = _reported(flight.reports[index], missing or _LATE, fatal)
+            flight.sending.settle(index, outcome)
+            if outcome.topic_failure:
+                # A topic refused now is asked about again before its next records go.
+                self._writable.discard(flight.records[index].topic)
+        flight.arrived.clear()
+        if missing is not None:
+            for index, known in enumerate(flight.sending.outcomes):
+                if known is None:
+                    flight.sending.settle(index, missing)
 
     def _refused_topics(self, records: Sequence[Record]) -> dict[str, Outcome]:
         """Ask the broker about topics not yet confirmed; return those it refuses as a whole.
@@ -361,10 +513,10 @@ class KafkaPublisher:
         self,
         index: int,
         record: Record,
-        callback: _Callback,
-        outcomes: list[Outcome | None],
+        flight: _Flight,
         fatal: _Fatal,
     ) -> None:
+        callback = flight.report(index)
         while True:
             try:
                 self._producer.produce(
@@ -385,7 +537,7 @@ class KafkaPublisher:
                 error = exc.args[0]
                 if is_fatal(error):
                     fatal.saw(error)
-                outcomes[index] = _outcome(error)
+                flight.sending.settle(index, _outcome(error))
                 return
 
     def _serve(self, fatal: _Fatal, call: Callable[[], int]) -> bool:
@@ -407,8 +559,13 @@ class KafkaPublisher:
         config: dict[str, Any] = {**self._config, "logger": self._log}
         return create_client(self._factory, config, "the outbox relay's producer")
 
-    def _replace(self, reason: str, waiting: Callable[[], bool]) -> None:
-        """Collect what the failed producer still has to report, then use a new one."""
+    def _replace(self, reason: str) -> None:
+        """Collect what the failed producer still has to report, then use a new one.
+
+        Every record of every sending in flight gets its outcome now: its
+        report if one came (a record's own refusal keeps its error), else an
+        outage naming the fatal error.
+        """
         log.error(
             "fatal Kafka producer error (%s); records not acknowledged are retried, never "
             "parked for it; creating a new producer",
@@ -424,11 +581,15 @@ class KafkaPublisher:
         # The fatal error stopped the poll that raised it: the reports it had
         # not served yet (a record's own refusal, the purged ones) come now.
         deadline = time.monotonic() + 1.0
-        while waiting() and time.monotonic() < deadline:
+        while any(f.waiting() for f in self._flights) and time.monotonic() < deadline:
             try:
                 old.poll(0.1)
             except (KafkaException, SystemError) as exc:  # it is broken: best effort
                 log.debug("draining the failed producer: %s", exc)
+        missing = Outcome(f"not delivered: the producer failed fatally ({reason})", outage=True)
+        for flight in self._flights:
+            self._record(flight, missing, fatal=True)
+        self._flights = []
 
     def close(self) -> None:
         """Flush what is left and drop the producer."""
