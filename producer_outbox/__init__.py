@@ -15,12 +15,14 @@ The modules, along the flow of a row:
 ``trace_context`` the W3C trace context a row carries from enqueue to the record
 ``schema``        the outbox's tables, as versioned migration steps
 ``relay``         :class:`Relay`: its lane groups side by side; ``config``
-``group``         a lane group: the loop, one batch at a time on its connection
+``group``         a lane group: the loop, claim, send, mark as reports come;
+                  ``shared`` what the groups tell each other
 ``lanes``         several relays share the outbox without reordering a key
 ``claim``         the relay's SQL: the next batch in per-key order, marking
+``flight``        rows sent and not yet settled: the keys they hold back
 ``records``       rows and the Kafka records made of them (no I/O)
 ``publisher``     :class:`Publisher`, :class:`KafkaPublisher`: confluent-kafka
-``batch``         publish a batch keeping key order, settle each verdict
+``batch``         send a batch keeping key order, settle each verdict
 ``topics``        topics Kafka refuses as a whole: an outage, not the rows'
 ``schedule``      the relay's upkeep as tasks: lane balancing, ``cleanup``
 ``telemetry``     the relay's ``send`` spans, counters and outbox gauges

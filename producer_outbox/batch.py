@@ -1,11 +1,18 @@
-"""One claimed batch: publish it keeping each key's order, then settle every row's verdict.
+"""One claimed batch: how it goes out keeping each key's order, then every row's verdict.
 
-Publishing (:func:`publish`). Rows that failed before (``attempts > 0``) are
-published alone, each with its own flush. A record the broker refuses — too
-large for the topic, say — fails the whole produce request it travels in, so
-its innocent neighbours fail with it once; alone, the retry tells the bad row
-from the others, and only the bad row moves on towards parking. Once a row of
-a key has failed, the later rows of that key in the batch are not sent.
+Sending (:func:`plan`). Fresh rows go out together, in claim order, in one
+send. A row that failed before (``attempts > 0``) goes *alone*: a record the
+broker refuses — too large for the topic, say — fails the whole produce
+request it travels in, so its innocent neighbours fail with it once; alone,
+the retry tells the bad row from the others, and only the bad row moves on
+towards parking. Alone means on the lane group's second producer, which
+carries at most one record of a topic at a time, so nothing else shares its
+request. Such a row goes only as the first row of its key in the claim (an
+earlier row of its key in the claim goes first, and its outcome decides), and
+the rows of its key after it stay for a later claim, once it is settled. A
+retried row whose topic already has a row going alone waits, and its key with
+it (:mod:`.flight`). Within one send, once a row of a key is refused before it
+leaves, the later rows of that key are not sent (:data:`.publisher.HELD`).
 
 Verdicts (:func:`settle`), per row:
 
@@ -24,7 +31,7 @@ held                waited behind an earlier failed row of its key: left
 ==================  ===========================================================
 
 A row acknowledged after an earlier row of its key failed *in the same
-publish* (the broker refused the earlier record in another produce request)
+send* (the broker refused the earlier record in another produce request)
 is an order break that cannot be taken back; it is logged at ERROR, never
 silent.
 """
@@ -32,49 +39,59 @@ silent.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from producer_outbox.claim import Failure
 from producer_outbox.config import RelayConfig
-from producer_outbox.publisher import HELD, Outcome, Publisher
-from producer_outbox.records import OutboxRow, Record, describe
+from producer_outbox.publisher import Outcome
+from producer_outbox.records import OutboxRow, describe
 
 log = logging.getLogger(__name__)
 
 
-def publish(
-    publisher: Publisher, rows: Sequence[OutboxRow], records: Sequence[Record]
-) -> list[Outcome]:
-    """Publish ``records`` (made from ``rows``, in claim order); one outcome per row.
+@dataclass
+class Plan:
+    """How the rows of one claim go out (indexes into the claim, in claim order)."""
 
-    Fresh rows go together in one ``publish`` call; a row that failed before
-    goes alone. A key whose row failed has its later rows :data:`HELD`.
+    together: list[int] = field(default_factory=list)
+    """Fresh rows: one send."""
+    alone: list[int] = field(default_factory=list)
+    """Rows that failed before: a send each, on the second producer."""
+    waiting: list[int] = field(default_factory=list)
+    """Rows that failed before, whose topic has a row going alone already."""
+
+
+def plan(rows: Sequence[OutboxRow], alone_topics: Collection[str] = ()) -> Plan:
+    """Cut a claim into sends, keeping each key's order (see the module docstring).
+
+    ``alone_topics``: topics with a row going alone already. Rows in none of
+    the lists stay pending for a later claim: rows of a key behind one of its
+    rows that failed before.
     """
-    outcomes: list[Outcome] = [HELD] * len(rows)
-    failed_keys: set[str] = set()
-    together: list[int] = []
-
-    def send(indexes: list[int]) -> None:
-        if not indexes:
-            return
-        results = publisher.publish([records[i] for i in indexes])
-        for i, outcome in zip(indexes, results, strict=True):
-            outcomes[i] = outcome
-            key = rows[i].key
-            if not outcome.ok and key is not None:
-                failed_keys.add(key)
-        indexes.clear()
-
+    result = Plan()
+    topics = set(alone_topics)
+    sent_keys: set[str] = set()  # keys with a row in `together`
+    stopped: set[str] = set()  # keys whose later rows wait for a later claim
     for index, row in enumerate(rows):
-        if row.attempts > 0:
-            send(together)  # everything before it first: their outcomes decide its fate
-            if row.key is None or row.key not in failed_keys:
-                send([index])
-        elif row.key is None or row.key not in failed_keys:
-            together.append(index)
-    send(together)
-    return outcomes
+        key = row.key
+        if key is not None and key in stopped:
+            continue
+        if row.attempts == 0:
+            result.together.append(index)
+            if key is not None:
+                sent_keys.add(key)
+            continue
+        if key is not None:
+            stopped.add(key)
+            if key in sent_keys:
+                continue  # after an earlier row of its key, whose outcome decides its fate
+        if row.topic in topics:
+            result.waiting.append(index)
+        else:
+            topics.add(row.topic)
+            result.alone.append(index)
+    return result
 
 
 @dataclass

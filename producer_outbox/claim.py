@@ -1,15 +1,22 @@
-"""The relay's SQL: claim the next batch of the relay's lanes, then mark each row's fate.
+"""The relay's SQL: claim the next rows of the relay's lanes, then mark each row's fate.
 
-All three statements run in ONE transaction per batch (see :mod:`.relay`): the
-row locks taken by ``claim`` hold until the batch is published and marked, so
-no other process can publish the same rows meanwhile — unlike the source
-article's poller, whose ``FOR UPDATE SKIP LOCKED`` ran outside a transaction
-and released its locks at once.
+No transaction stays open while Kafka works. :func:`claim` is a read-only
+transaction: it locks nothing and never gets a transaction id, so the
+``pg_snapshot_xmin`` every claim filters on (see ``_CLAIM``) never waits for a
+relay that waits for a broker. :func:`mark` is a short write transaction once
+the rows' delivery reports are in. What keeps two processes from publishing
+the same row at once is the lane's owner (a session-level advisory lock held
+across these transactions, :mod:`.lanes`) and, within the owning lane group,
+the rows in flight, whose keys the next claims leave out (:mod:`.flight`) —
+not row locks. (The source article's poller took ``FOR UPDATE SKIP LOCKED``
+outside a transaction, so its locks vanished at once and two pollers sent the
+same rows; a relay that kept them through the publish would hold up every
+other claim for as long as a broker keeps it waiting.)
 
 The claim takes the lanes' rows in ``(txid, seq)`` order (why that order, and
 why it is final, is said at ``_CLAIM``), skipping rows that must wait: of a
 paused topic (:mod:`.topics`), or behind an earlier row of their key that is
-parked (:mod:`.parked`) or backing off.
+parked (:mod:`.parked`) or backing off, or of a key with rows in flight.
 """
 
 from __future__ import annotations
@@ -39,6 +46,10 @@ LANE_EXPRESSION = "(hashtext(coalesce({t}.aggregateid, {t}.id::text)) & 21474836
 #
 # One statement claims every lane the relay owns ({lanes}: a lane filter, or
 # nothing when it owns them all), so a wake-up costs one claim, not one per lane.
+# {busy}: the keys (and keyless rows) the lane group has in flight. A key's
+# rows in flight are all the rows of it that a claim could return before the
+# rest (the claim is in order), so leaving the whole key out keeps its order;
+# its next rows come in a claim after the ones in flight are marked.
 #
 # A pending row is either *due* or it *holds its key back*, never neither: due
 # when it never failed (last_error NULL: fresh, or requeued) or its backoff is
@@ -59,11 +70,12 @@ LANE_EXPRESSION = "(hashtext(coalesce({t}.aggregateid, {t}.id::text)) & 21474836
 _CLAIM = """
 SELECT o.id::text, o.seq, o.topic, o.aggregateid, o.type, NULL::text,
        coalesce(o.payload_bytes, convert_to(coalesce(o.payload::text, 'null'), 'UTF8')),
-       nullif(o.headers, '{{}}'::jsonb), o.attempts, o.traceparent, o.tracestate
+       nullif(o.headers, '{{}}'::jsonb), o.attempts, o.traceparent, o.tracestate, {lane}
 FROM {outbox} o
 WHERE o.status = 'pending'
   AND o.txid < pg_snapshot_xmin(pg_current_snapshot())
   {lanes}
+  {busy}
   AND (o.last_error IS NULL OR o.next_attempt_at <= now())
   -- A topic the broker refuses as a whole waits for its retry time (.topics).
   AND NOT EXISTS (
@@ -84,7 +96,6 @@ WHERE o.status = 'pending'
                  SELECT 1 FROM {failing} f WHERE f.topic = e.topic AND f.retry_at > now())))
 ORDER BY o.txid, o.seq
 LIMIT %(limit)s
-FOR UPDATE OF o SKIP LOCKED
 """
 
 # The planner cannot estimate the lane filter (a hash modulo a constant) nor
@@ -96,15 +107,14 @@ FOR UPDATE OF o SKIP LOCKED
 # inlining and optimisation thresholds: PostgreSQL then compiled the claim for
 # ~930 ms to run it for ~17 ms (EXPLAIN ANALYZE, 50,000 of 100,000 rows sent),
 # every batch. A claim reads at most `limit` rows and their probes: never worth
-# compiling. The marks that follow in the same transaction update a batch's
-# rows by id, `id = ANY(<1,000 ids>)`: until psycopg prepares the statement
-# and PostgreSQL settles on a generic plan (ten executions on a connection),
-# each is planned for its ids, and a sequential scan of the whole outbox with
-# the ids hashed costs less than 1,000 probes of the primary key by the
-# planner's count: 30-48 ms a batch on a 100,000-row outbox against 15-24 ms
-# by the key, and on an outbox that keeps a week of sent rows, a scan of all
-# of them for each of a relay's first batches. SET LOCAL ends with the
-# batch's transaction.
+# compiling. The marks update a batch's rows by id, `id = ANY(<1,000 ids>)`:
+# until psycopg prepares the statement and PostgreSQL settles on a generic plan
+# (ten executions on a connection), each is planned for its ids, and a
+# sequential scan of the whole outbox with the ids hashed costs less than
+# 1,000 probes of the primary key by the planner's count: 30-48 ms a batch on a
+# 100,000-row outbox against 15-24 ms by the key, and on an outbox that keeps a
+# week of sent rows, a scan of all of them for each of a relay's first batches.
+# SET LOCAL ends with the claim's, or the marks', transaction.
 _PLAN = (
     "SET LOCAL enable_bitmapscan = off",
     "SET LOCAL enable_sort = off",
@@ -112,10 +122,15 @@ _PLAN = (
     "SET LOCAL jit = off",
 )
 
+# The marks guard on the row's status: a row can be published by two relays
+# when its lane changed hands while it was in flight (the first owner's
+# connection died, and its lock with it). Marking it sent again would count a
+# second attempt; a failure reported after another relay sent it, or for a
+# row no longer pending, must leave it as it is.
 _MARK_SENT = """
 UPDATE {outbox}
 SET status = 'sent', sent_at = clock_timestamp(), attempts = attempts + 1, last_error = NULL
-WHERE id = ANY(%s::uuid[])
+WHERE id = ANY(%s::uuid[]) AND status <> 'sent'
 """
 
 _MARK_FAILED = """
@@ -126,7 +141,7 @@ SET attempts = o.attempts + f.counts::int,
     status = CASE WHEN f.park THEN 'dead' ELSE 'pending' END
 FROM unnest(%s::uuid[], %s::text[], %s::float8[], %s::bool[], %s::bool[])
      AS f(id, error, delay, park, counts)
-WHERE o.id = f.id
+WHERE o.id = f.id AND o.status = 'pending'
 """
 
 
@@ -171,28 +186,47 @@ def claim(
     owned: Collection[int],
     lanes: int,
     limit: int,
+    busy_keys: Collection[str] = (),
+    busy_ids: Collection[str] = (),
 ) -> list[OutboxRow]:
-    """Lock and return up to ``limit`` publishable rows of the ``owned`` lanes, in order.
+    """Return up to ``limit`` publishable rows of the ``owned`` lanes, in order; lock nothing.
 
     The order is ``(txid, seq)`` across the lanes (per key, the publishing
-    order). Must run inside a transaction that stays open until :func:`mark`
-    has run. One round trip: the planner settings and the claim go in one
-    pipeline.
+    order). Rows of ``busy_keys`` and the keyless rows ``busy_ids`` (the lane
+    group's rows in flight) are left out. Each row carries its lane. One round
+    trip: a read-only transaction (it never gets a transaction id) with the
+    planner settings and the claim, in one pipeline.
     """
     lane_filter = (
         sql.SQL("")
         if set(owned) >= set(range(lanes))
         else sql.SQL("AND {} = ANY(%(owned)s::int[])").format(lane_sql(lanes))
     )
+    busy = []
+    if busy_keys:
+        busy.append(sql.SQL("AND (o.aggregateid IS NULL OR o.aggregateid <> ALL(%(keys)s))"))
+    if busy_ids:
+        busy.append(sql.SQL("AND o.id <> ALL(%(ids)s::uuid[])"))
     query = sql.SQL(_CLAIM).format(
-        outbox=_outbox(schema), failing=_failing(schema), lanes=lane_filter
+        outbox=_outbox(schema),
+        failing=_failing(schema),
+        lanes=lane_filter,
+        lane=lane_sql(lanes),
+        busy=sql.SQL(" ").join(busy),
     )
-    with conn.pipeline():
+    params = {
+        "owned": sorted(owned),
+        "limit": limit,
+        "keys": list(busy_keys),
+        "ids": _uuids(list(busy_ids)),
+    }
+    with conn.pipeline(), conn.transaction():
+        conn.execute("SET TRANSACTION READ ONLY")
         for setting in _PLAN:
             conn.execute(setting)
         # Binary results: the value comes as the bytes to publish, no decoding.
         cursor = conn.cursor(binary=True)
-        cursor.execute(query, {"owned": sorted(owned), "limit": limit})
+        cursor.execute(query, params)
     return [row_from_db(values) for values in cursor.fetchall()]
 
 
@@ -202,12 +236,28 @@ def mark(
     sent: Sequence[str],
     failed: Sequence[Failure],
 ) -> None:
-    """Record the batch's outcome: ``sent`` rows done, ``failed`` rows retried later or parked.
+    """Record the rows' outcome: ``sent`` rows done, ``failed`` rows retried later or parked.
 
-    The ids are the claim's, in their text form: one ``uuid[]`` literal each,
-    built with a join (the text of a uuid holds nothing to quote), where a
-    list of ``uuid.UUID`` took a Python dumper call per row.
+    One short write transaction (with the claim's planner settings). The ids
+    are the claim's, in their text form: one ``uuid[]`` literal each, built
+    with a join (the text of a uuid holds nothing to quote), where a list of
+    ``uuid.UUID`` took a Python dumper call per row. A row another relay
+    marked meanwhile is left as it is (see ``_MARK_SENT``).
     """
+    if not sent and not failed:
+        return
+    with conn.transaction():
+        for setting in _PLAN:
+            conn.execute(setting)
+        _mark(conn, schema, sent, failed)
+
+
+def _mark(
+    conn: psycopg.Connection[tuple[Any, ...]],
+    schema: str,
+    sent: Sequence[str],
+    failed: Sequence[Failure],
+) -> None:
     if sent:
         conn.execute(sql.SQL(_MARK_SENT).format(outbox=_outbox(schema)), (_uuids(sent),))
     if failed:

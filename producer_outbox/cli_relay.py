@@ -37,8 +37,8 @@ log = logging.getLogger("producer_outbox")
     type=int,
     default=1000,
     show_default=True,
-    help="Rows per claim: per-batch costs (claim, mark, COMMIT, flush) spread over more rows; "
-    "a killed relay re-publishes at most one batch.",
+    help="Rows per claim: per-batch costs (claim, mark, COMMIT) spread over more rows; "
+    "a killed relay re-publishes about one batch per lane group.",
 )
 @click.option(
     "--parallel",
@@ -46,7 +46,7 @@ log = logging.getLogger("producer_outbox")
     default=2,
     show_default=True,
     help="Lane groups publishing side by side, each with its own PostgreSQL connection "
-    "(plus one to LISTEN) and Kafka producer; 1 for one batch at a time.",
+    "(plus one to LISTEN) and Kafka producer; 1 for a single loop.",
 )
 @click.option("--poll-interval", type=float, default=1.0, show_default=True, help="Seconds.")
 @click.option("--max-attempts", type=int, default=10, show_default=True)
@@ -138,7 +138,7 @@ def relay(
     )
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %d: finishing the current batch, then stopping", signum)
+        log.info("signal %d: settling the rows in flight, then stopping", signum)
         runner.stop()
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -1,133 +1,102 @@
-"""A lane group: one connection, one producer, a share of the relay's lanes, a batch at a time.
+"""A lane group: one connection, its own producer, a share of the relay's lanes.
 
 A relay runs its lanes in ``parallel`` lane groups side by side (one thread
 each, :mod:`.relay`). Each group is the relay's loop on its own::
 
     wake (NOTIFY from a committing writer, or the poll interval as fallback)
-    ──► one transaction per batch, over every lane of the group at once:
-          claim rows FOR UPDATE SKIP LOCKED (:mod:`.claim`) ──► publish all, await
-          every delivery report (:mod:`.publisher`) ──► mark acked rows sent, failed
-          rows retried/parked ──► COMMIT
-    ──► upkeep tasks that are due (:mod:`.schedule`), between batches:
+    ──► a step, over every lane of the group at once:
+          mark the rows whose keys settled since the last step (below)
+          claim the next rows, leaving out keys in flight (:mod:`.claim`: a
+              read-only transaction, no row lock, no transaction id)
+          send them (:mod:`.batch`, :mod:`.publisher`), and wait a moment for
+              their delivery reports (at most ``SETTLE_WAIT``)
+          mark every row whose key settled: acked rows sent, failed rows
+              retried/parked — one short write transaction — and free its key
+    ──► upkeep tasks that are due (:mod:`.schedule`), between steps:
           balance lanes, every min(1 s, poll interval) (advisory locks, :mod:`.lanes`)
           delete old sent rows, every ``cleanup_interval`` (group 0 only, :mod:`.cleanup`),
           never while their topic still keeps their records (:mod:`.retention`)
           read the outbox's gauges, every ``metrics_interval`` (group 0, with an SDK)
-    ──► wait again, unless the batch was full or a lane was just taken
+    ──► wait again (serving delivery reports meanwhile), unless the claim was
+        full, a lane was just taken or a key was freed
 
-Why groups, and why they keep every guarantee. A batch spends its time in
-three places that can overlap: PostgreSQL (the claim, the marks, the COMMIT),
-Python (turning rows into records and producing them) and Kafka (the delivery
+No transaction stays open while Kafka works, so nothing a relay does holds
+back the ``pg_snapshot_xmin`` every claim filters on. A record that waits on a
+broker that does not answer (up to ``message.timeout.ms``) stays *in flight*
+(:mod:`.flight`): its key, and only its key, is left out of the next claims
+until it settles, and the step goes on without it; the other rows of its
+claim are marked as their reports come. A topic whose rows are still waiting
+after ``SETTLE_WAIT`` is *slow*: the next steps do not wait for its rows at
+all. A group has at most a batch of rows in flight (so a crash publishes at
+most that again), not counting the rows of topics that kept a row waiting
+``STUCK_AFTER``, and at most ``IN_FLIGHT_BATCHES`` batches' worth in all.
+
+Why groups, and why they keep every guarantee. A step spends its time in
+three places that can overlap: PostgreSQL (the claim, the marks), Python
+(turning rows into records and producing them) and Kafka (the delivery
 reports). One group does them one after another; two groups overlap one's
 PostgreSQL work with the other's Python and Kafka work. Nothing is shared
 between groups that order depends on: a key lives in one lane, a lane in one
 group at a time (its advisory lock is held by the group's connection, which
-also runs the lane's batches), and a group runs its batches strictly one
-after another, each committed before the next is claimed. So two batches in
-flight at once never hold rows of the same key, and a failure in one group's
-batch holds back its key's later rows exactly as in a relay with one group. A
-lane moves between groups, as between relays, only between batches, when
-every record of it has its delivery report. Each group has its own producer,
-so one group's flush never waits for the other's records, and a fatal
-producer error ends only its own group's batch.
+also runs the lane's claims and marks), and a group's claims leave out the
+keys it has in flight. So, while their connections live, two groups never
+have rows of the same key in flight (after a lost connection, see
+:mod:`.flight`), and a failure holds back its key's later rows exactly as in
+a relay with one group. A lane moves between groups, as between relays, only
+when none of its rows is in flight. Each group has its own producer (and a
+second one, made when first needed, for the rows that go alone:
+:mod:`.batch`), so one group's records never wait in another's queue, and a
+fatal producer error ends only its own group's sendings.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
-from collections.abc import Callable, Collection, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Collection
+from typing import Any
 
 import psycopg
 
 from kinbox.failpoints import failpoint
 from producer_outbox import claim as store
 from producer_outbox import topics
-from producer_outbox.batch import Settlement, settle
+from producer_outbox.batch import Settlement, plan, settle
 from producer_outbox.cleanup import delete_sent
 from producer_outbox.config import RelayConfig
+from producer_outbox.flight import Flight, InFlight, Settled
 from producer_outbox.lanes import LaneOwner
-from producer_outbox.publisher import Publisher
-from producer_outbox.records import to_record
+from producer_outbox.publisher import AnyPublisher, Siblings, Streaming, streaming
+from producer_outbox.records import OutboxRow, to_record
 from producer_outbox.retention import TopicRetention, floor
 from producer_outbox.schedule import Scheduler
 from producer_outbox.schema import notify_channel
+from producer_outbox.shared import Shared
 from producer_outbox.telemetry import RelayTelemetry
 
 log = logging.getLogger("producer_outbox.relay")
 
 _BALANCE = "balance lanes"
 
+SETTLE_WAIT = 0.5
+"""Seconds a step waits for its rows' delivery reports before it goes on without them.
+
+A healthy broker answers in milliseconds; a topic whose row waited this long
+is slow, and later steps do not wait for its rows at all.
+"""
+
+STUCK_AFTER = 5.0
+"""Seconds after which a topic's rows in flight no longer count against the group's batch.
+
+Far above a busy broker's answer, so only a topic that really stopped
+answering lets the group take more than a batch in flight.
+"""
+
+IN_FLIGHT_BATCHES = 10
+"""A group claims nothing more while this many batches' worth of rows are in flight."""
+
 Connection = psycopg.Connection[tuple[Any, ...]]
-
-
-class RelayObserver(Protocol):
-    """Told how the loop is doing (:class:`kinbox.ops.health.Health` is one)."""
-
-    def turned(self) -> None:
-        """The loop made progress: a round, a batch, a slice of a wait, a cleanup batch."""
-
-    def holding(self, count: int) -> None:
-        """The relay owns ``count`` lanes now."""
-
-
-class Shared:
-    """What a relay's lane groups share: registration, open batches, the observer.
-
-    Args:
-        groups: how many lane groups the relay runs.
-        observer: told of the relay as a whole: the lanes of every group, and
-            a turn once every group turned since the last one.
-    """
-
-    def __init__(self, groups: int = 1, observer: RelayObserver | None = None) -> None:
-        self._lock = threading.Lock()
-        self._open = 0
-        self._observer = observer
-        self._groups = groups
-        self._turned: set[int] = set()
-        self._held = [0] * groups
-        self.registered = threading.Event()
-        """Set once group 0 registered the relay (or ended): the others start then."""
-
-    def turned(self, group: int) -> None:
-        """``group`` made progress; the relay did once every group has."""
-        if self._observer is None:
-            return
-        with self._lock:
-            self._turned.add(group)
-            if len(self._turned) < self._groups:
-                return
-            self._turned.clear()
-        self._observer.turned()
-
-    def holding(self, group: int, count: int) -> None:
-        """``group`` owns ``count`` lanes now."""
-        if self._observer is None:
-            return
-        with self._lock:
-            self._held[group] = count
-            total = sum(self._held)
-        self._observer.holding(total)
-
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        """Count one open batch for the duration of the block."""
-        with self._lock:
-            self._open += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._open -= 1
-
-    @property
-    def open(self) -> int:
-        """Batches open now, in every group of the relay."""
-        return self._open
 
 
 class LaneGroup:
@@ -135,14 +104,15 @@ class LaneGroup:
 
     Args:
         config: the relay's settings.
-        publisher: this group's own publisher.
+        publisher: this group's own publisher (one that cannot stream is
+            used through :func:`~producer_outbox.publisher.streaming`).
         connect: opens a connection (autocommit).
         index: this group's number, 0 .. ``groups - 1``; group 0 registers the
             relay and runs the cleanup.
         groups: how many groups the relay runs.
         should_stop: asked before every batch and while waiting.
-        shared: what the relay's groups share (registration, open batches).
-        telemetry: spans and counts around each publish; group 0 also reads
+        shared: what the relay's groups share (registration, rows in flight).
+        telemetry: spans and counts around each send; group 0 also reads
             the gauges (only with an SDK).
         topic_retention: with it, group 0's cleanup keeps sent rows while their
             topic keeps their records (:mod:`.retention`).
@@ -151,7 +121,7 @@ class LaneGroup:
     def __init__(
         self,
         config: RelayConfig,
-        publisher: Publisher,
+        publisher: AnyPublisher,
         connect: Callable[[], Connection],
         *,
         index: int = 0,
@@ -163,7 +133,9 @@ class LaneGroup:
     ) -> None:
         self.config = config
         self.index, self.groups = index, groups
-        self._publisher = publisher
+        self._origin = publisher
+        self._publisher = streaming(publisher)
+        self._alone: Streaming | None = None  # the second producer, made when first needed
         self._connect = connect
         self._stopping = should_stop
         self._shared = shared or Shared(groups)
@@ -181,20 +153,28 @@ class LaneGroup:
         # Rounds in a row that met an outage and reached Kafka with nothing:
         # the outage's backoff grows with it.
         self._outages = 0
+        # Rows sent and not yet marked; kept across reconnects (their reports
+        # still come), each row with the epoch (connection) it was claimed on.
+        self._flights = InFlight()
+        self._epoch = 0
 
     def run(self) -> None:
         """Publish until stopped; reconnect with backoff when PostgreSQL fails."""
-        if self.index == 0:
-            try:
-                self._run()
-            finally:
-                self._shared.registered.set()  # never leave the others waiting
-            return
-        # Only once the relay is registered (group 0 checked the lane count
-        # against the other relays') may another group take lanes.
-        while not self._stopping() and not self._shared.registered.wait(0.2):
-            self._turned()
-        self._run()
+        try:
+            if self.index == 0:
+                try:
+                    self._run()
+                finally:
+                    self._shared.registered.set()  # never leave the others waiting
+                return
+            # Only once the relay is registered (group 0 checked the lane count
+            # against the other relays') may another group take lanes.
+            while not self._stopping() and not self._shared.registered.wait(0.2):
+                self._turned()
+            self._run()
+        finally:
+            if self._alone is not None:
+                self._alone.close()
 
     def _run(self) -> None:
         delay = self.config.backoff_base or 0.5
@@ -210,6 +190,7 @@ class LaneGroup:
 
     def _run_connected(self) -> None:
         with self._connect() as work, self._connect() as listen:
+            self._epoch += 1  # rows claimed from now on hold their lanes through `work`
             listen.execute(
                 psycopg.sql.SQL("LISTEN {}").format(
                     psycopg.sql.Identifier(notify_channel(self.config.schema))
@@ -228,9 +209,12 @@ class LaneGroup:
                     self.groups,
                 )
             # The lanes belong to this connection: balance them at once, then
-            # every second (or poll interval, if shorter) while it lives.
+            # every second (or poll interval, if shorter) while it lives,
+            # never giving up a lane with rows in flight.
             interval = min(1.0, self.config.poll_interval)
-            self._upkeep.add(_BALANCE, interval, lambda _work: lanes.balance())
+            self._upkeep.add(
+                _BALANCE, interval, lambda _work: lanes.balance(busy=self._flights.lanes())
+            )
             try:
                 self._upkeep.run_due(work, should_stop=self._stopping)
                 while not self._stopping():
@@ -242,7 +226,10 @@ class LaneGroup:
                     before = set(lanes.owned)
                     self._upkeep.run_due(work, should_stop=self._stopping)
                     if not busy and lanes.owned <= before:
-                        self._wait(listen)  # (a lane just taken may have rows: no wait)
+                        self._wait(listen, work)  # (a lane just taken may have rows: no wait)
+                # Stopping: the rows in flight get their reports and marks
+                # before their lanes go.
+                self._drain(work)
             finally:
                 self._shared.holding(self.index, 0)
                 self._upkeep.remove(_BALANCE)
@@ -254,41 +241,127 @@ class LaneGroup:
             log.info("outbox relay stopped")
 
     def run_lanes(self, conn: Connection, lanes: Collection[int]) -> bool:
-        """One batch of ``lanes``; True if it was full (more may be waiting)."""
+        """One step over ``lanes`` (see the module doc); True if more may be waiting."""
+        self.settle_flights(conn)  # first: the claim then sees their marks, and their keys
         if not lanes or self._stopping():
             return False
-        return self.run_batch(conn, lanes) >= self.config.batch_size
+        # At most a batch in flight, not counting rows of stuck topics, which
+        # may add up to IN_FLIGHT_BATCHES batches' worth in all.
+        batch = self.config.batch_size
+        stuck = self._flights.slow_topics(time.monotonic() - STUCK_AFTER)
+        limit = min(
+            batch - self._flights.count(but=stuck), IN_FLIGHT_BATCHES * batch - self._flights.rows
+        )
+        if limit <= 0:
+            return False
+        rows = store.claim(
+            conn,
+            self.config.schema,
+            owned=lanes,
+            lanes=self.config.lanes,
+            limit=limit,
+            busy_keys=self._flights.busy_keys(),
+            busy_ids=self._flights.busy_ids(),
+        )
+        if not rows:
+            return False
+        self._await(self._send(rows))
+        self.settle_flights(conn)
+        return len(rows) >= limit
 
-    def run_batch(self, conn: Connection, lanes: Collection[int]) -> int:
-        """Claim, publish, mark and commit one batch of ``lanes``; return its size.
+    def _send(self, rows: list[OutboxRow]) -> list[Flight]:
+        """Send a claim's rows as :func:`~producer_outbox.batch.plan` cuts them."""
+        cut = plan(rows, self._flights.alone_topics())
+        flights = []
+        if cut.together:
+            flights.append(self._launch([rows[i] for i in cut.together], self._publisher))
+        for index in cut.alone:
+            flights.append(self._launch([rows[index]], self._alone_publisher(), alone=True))
+        for index in cut.waiting:
+            self._flights.wait(rows[index])
+        self._shared.flying(self.index, self._flights.rows)
+        return flights
 
-        One pipeline: BEGIN, the claim and its planner settings go in one round
-        trip; the marks, COMMIT and the clearing of topics that work again in
-        another.
+    def _launch(
+        self, rows: list[OutboxRow], publisher: Streaming, *, alone: bool = False
+    ) -> Flight:
+        made = [to_record(row, source=self.config.source) for row in rows]
+        # Spans for rows enqueued in a trace; their records carry the spans' context.
+        records, spans = self._telemetry.start(rows, made)
+        started = time.monotonic()
+        sending = publisher.send(records)
+        return self._flights.add(
+            rows, sending, epoch=self._epoch, started=started, spans=spans, alone=alone
+        )
+
+    def _alone_publisher(self) -> Streaming:
+        """The second producer, for rows that go alone (the group's own, without siblings)."""
+        if self._alone is None:
+            if not isinstance(self._origin, Siblings):
+                return self._publisher
+            self._alone = streaming(self._origin.sibling())
+        return self._alone
+
+    def _serve(self, timeout: float) -> None:
+        """Hand over the delivery reports that come within ``timeout`` seconds."""
+        if self._alone is None:
+            self._publisher.serve(timeout)
+            return
+        # Each returns at once when it has nothing in flight.
+        self._publisher.serve(timeout / 2)
+        self._alone.serve(timeout / 2)
+
+    def _await(self, flights: list[Flight]) -> None:
+        """Wait until ``flights`` have their reports, but those of slow topics; at most a moment."""
+        deadline = time.monotonic() + SETTLE_WAIT
+        while True:
+            now = time.monotonic()
+            slow = self._flights.slow_topics(now - SETTLE_WAIT)
+            if all(flight.reported(slow) for flight in flights) or now >= deadline:
+                return
+            self._serve(min(0.05, deadline - now))
+
+    def settle_flights(self, conn: Connection) -> bool:
+        """Mark the rows whose keys settled, then free their keys; True if any were.
+
+        One pipeline: the marks' transaction and the clearing of topics that
+        work again. A failure of a row claimed on an earlier connection is not
+        marked (see :mod:`.flight`): the lane's owner now decides about it.
         """
-        with self._shared.batch(), conn.pipeline():
-            with conn.transaction():
-                rows = store.claim(
-                    conn,
-                    self.config.schema,
-                    owned=lanes,
-                    lanes=self.config.lanes,
-                    limit=self.config.batch_size,
-                )
-                if not rows:
-                    return 0
-                records = [to_record(row, source=self.config.source) for row in rows]
-                # Spans (for rows enqueued in a trace) and counts around the publish.
-                outcomes = self._telemetry.publish(self._publisher, rows, records)
-                # Crash tests: acked by Kafka, not yet marked: a restart must re-publish;
-                # the second one only while another group's batch is in flight too.
-                failpoint("relay_after_publish")
-                if self._shared.open > 1:
-                    failpoint("relay_after_publish_overlapped")
-                result = settle(
-                    rows, outcomes, self.config, outage_delay=self.config.backoff(self._outages)
-                )
-                store.mark(conn, self.config.schema, result.sent, result.failed)
+        self._serve(0)
+        settled = self._flights.take_settled()
+        if not settled:
+            return False
+        try:
+            self._mark(conn, settled)
+        finally:
+            self._flights.release(settled)
+            self._shared.flying(self.index, self._flights.rows)
+        return True
+
+    def _mark(self, conn: Connection, settled: list[Settled]) -> None:
+        rows: list[OutboxRow] = []
+        outcomes = []
+        stale: set[str] = set()
+        now = time.monotonic()
+        for part in settled:
+            part_rows, part_outcomes = part.rows, part.outcomes
+            self._telemetry.finish(part_rows, part_outcomes, part.spans, now - part.flight.started)
+            rows += part_rows
+            outcomes += part_outcomes
+            if part.flight.epoch != self._epoch:
+                stale.update(row.id for row in part_rows)
+        result = settle(
+            rows, outcomes, self.config, outage_delay=self.config.backoff(self._outages)
+        )
+        failed = [f for f in result.failed if f.id not in stale]
+        # Crash tests: acked by Kafka, not yet marked: a restart must re-publish;
+        # the second one only while another group has rows in flight too.
+        failpoint("relay_after_publish")
+        if self._shared.others_flying(self.index):
+            failpoint("relay_after_publish_overlapped")
+        with conn.pipeline():
+            store.mark(conn, self.config.schema, result.sent, failed)
             # After the COMMIT, on its own: a topic that took a record works again.
             cleared = topics.clear_many(
                 conn, self.config.schema, result.acked_topics - result.topics.keys()
@@ -301,13 +374,20 @@ class LaneGroup:
             self._outages += 1
         self._track_topics(conn, result)
         log.debug(
-            "outbox lanes %s: %d sent, %d failed, %d held",
-            _lane_list(lanes),
+            "outbox lanes %s: %d sent, %d failed, %d held, %d still in flight",
+            _lane_list({row.lane for row in rows}),
             len(result.sent),
             len(result.failed) + len(result.topics),
             result.held,
+            self._flights.rows - len(rows),
         )
-        return len(rows)
+
+    def _drain(self, conn: Connection) -> None:
+        """Wait for the reports of every row in flight (each comes in bounded time); mark them."""
+        while self._flights.rows:
+            self._turned()
+            self._serve(0.2)
+            self.settle_flights(conn)
 
     def _track_topics(self, conn: Connection, result: Settlement) -> None:
         """Pause the topics Kafka refused as a whole."""
@@ -362,21 +442,28 @@ class LaneGroup:
     def _turned(self) -> None:
         self._shared.turned(self.index)
 
-    def _wait(self, listen: Connection) -> None:
-        """Sleep until a NOTIFY, the poll interval, or stop — in short slices for signals."""
+    def _wait(self, listen: Connection, work: Connection) -> None:
+        """Sleep until a NOTIFY, the poll interval, or stop — in short slices for signals.
+
+        Rows in flight are served meanwhile: the wait ends early once one of
+        their keys is freed, as later rows of it may now be claimed.
+        """
         deadline = time.monotonic() + self.config.poll_interval
         while not self._stopping():
             self._turned()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
+            slice_ = min(0.05 if self._flights.rows else 0.2, remaining)
             woke = False
-            for _ in listen.notifies(timeout=min(0.2, remaining), stop_after=1):
+            for _ in listen.notifies(timeout=slice_, stop_after=1):
                 woke = True
             if woke:
                 # Drain the rest: one wake-up serves every pending notification.
                 for _ in listen.notifies(timeout=0):
                     pass
+                return
+            if self._flights.rows and self.settle_flights(work):
                 return
 
     def _sleep(self, seconds: float) -> None:

@@ -9,10 +9,17 @@ in ``(txid, seq)`` order (:mod:`producer_outbox.claim`). One key lives in one
 lane, one lane has one publisher, so a key's rows go out in order whatever the
 number of relays.
 
-The locks are taken on the relay's *work* connection, the same one that runs
-the batch transactions: if that connection dies, the batch transaction and the
-lane locks go together, so another relay can never take over a lane while a
-batch of it is still in flight.
+The locks are session-level, taken on the relay's *work* connection, the one
+that runs the claims and the marks: they hold across those short
+transactions, so between claiming a row and marking it the lane stays the
+relay's (a claim locks no row: :mod:`producer_outbox.claim`). A relay gives a
+lane up only when none of its rows is in flight (:meth:`LaneOwner.balance`).
+If the work connection dies, the locks go with it while rows may still be on
+their way to Kafka; another relay may then take the lane and publish those
+rows again: a duplicate, never a loss nor a break of the key's order (each
+publisher sends a key's rows in order, from the first one not marked sent),
+and the first relay never marks a failure of a row it claimed on the dead
+connection (:mod:`producer_outbox.flight`).
 
 Every relay also holds a shared advisory lock on ``(relays key, lanes)``. It
 counts the live relays (for an even split: each takes at most
@@ -33,6 +40,7 @@ import logging
 import math
 import random
 import zlib
+from collections.abc import Collection
 from typing import Any
 
 import psycopg
@@ -48,6 +56,11 @@ def _key(text: str) -> int:
     """Return a stable signed 32-bit advisory-lock key for ``text``."""
     value = zlib.crc32(text.encode())
     return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def lane_key(schema: str) -> int:
+    """The first half of the advisory lock key of ``schema``'s lanes (the lane is the second)."""
+    return _key(f"kinbox.outbox.lane:{schema}")
 
 
 def group_target(share: int, group: int, groups: int) -> int:
@@ -78,7 +91,7 @@ class LaneOwner:
         self._conn = conn
         self.lanes = lanes
         self.group, self.groups = group, groups
-        self._lane_key = _key(f"kinbox.outbox.lane:{schema}")
+        self._lane_key = lane_key(schema)
         self._relays_key = _key(f"kinbox.outbox.relays:{schema}")
         self.owned: set[int] = set()
 
@@ -117,16 +130,18 @@ class LaneOwner:
         ).fetchone()
         return max(1, int(row[0])) if row else 1
 
-    def balance(self) -> set[int]:
+    def balance(self, busy: Collection[int] = ()) -> set[int]:
         """Release lanes above this relay's fair share, then try to take free ones.
 
-        Call only between batches: a lane is released only when none of its
-        rows is in flight. Returns the lanes owned now.
+        A lane of ``busy`` (rows of it are in flight) is never released: an
+        extra lane goes once its rows are settled, at a later call. Returns the
+        lanes owned now.
         """
         share = math.ceil(self.lanes / self.relays())
         target = group_target(share, self.group, self.groups)
-        while len(self.owned) > target:
-            self._unlock(max(self.owned))
+        spare = sorted(self.owned - set(busy), reverse=True)
+        while len(self.owned) > target and spare:
+            self._unlock(spare.pop(0))
         if len(self.owned) < target:
             # Start at a random lane so relays starting together spread out.
             start = random.randrange(self.lanes)

@@ -219,7 +219,7 @@ def streaming(publisher: AnyPublisher) -> Streaming:
 class Siblings(Protocol):
     """A publisher that can make another like it, for a relay's second lane group."""
 
-    def sibling(self) -> Publisher:
+    def sibling(self) -> AnyPublisher:
         """A new publisher with this one's settings and a client of its own."""
         ...
 

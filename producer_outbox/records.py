@@ -31,6 +31,8 @@ class OutboxRow(NamedTuple):
     traceparent: str | None = None
     """The W3C trace context stored by ``enqueue``, if a span was current then."""
     tracestate: str | None = None
+    lane: int = 0
+    """The lane the claim found it in (:mod:`producer_outbox.lanes`)."""
 
 
 class Record(NamedTuple):
@@ -47,9 +49,12 @@ _new_tuple = tuple.__new__
 
 
 def row_from_db(values: tuple[Any, ...]) -> OutboxRow:
-    """Build an :class:`OutboxRow` from ``claim``'s column order (the trace context last)."""
-    if len(values) == 11:
-        id_, seq, topic, key, event_type, text, raw, headers, attempts, parent, state = values
+    """Build an :class:`OutboxRow` from ``claim``'s column order (trace context, then lane)."""
+    lane = 0
+    if len(values) >= 11:
+        id_, seq, topic, key, event_type, text, raw, headers, attempts, parent, state = values[:11]
+        if len(values) > 11:
+            lane = values[11]
     else:
         id_, seq, topic, key, event_type, text, raw, headers, attempts = values[:9]
         parent = state = None
@@ -58,7 +63,7 @@ def row_from_db(values: tuple[Any, ...]) -> OutboxRow:
     else:
         value = (text if text is not None else "null").encode("utf-8")
     return _new_tuple(OutboxRow, (
-        id_, seq, topic, key, event_type, value, headers or {}, attempts, parent, state,
+        id_, seq, topic, key, event_type, value, headers or {}, attempts, parent, state, lane,
     ))  # fmt: skip
 
 

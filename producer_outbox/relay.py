@@ -5,21 +5,27 @@ relay's loop over its share of the lanes with its own connection and producer
 (:mod:`.group`)::
 
     wake (NOTIFY from a committing writer, or the poll interval as fallback)
-    ──► one transaction per batch: claim ──► publish, await every delivery
-        report ──► mark ──► COMMIT
+    ──► claim (read-only, no lock) ──► send ──► as delivery reports come, mark
+        each settled key's rows (a short write transaction) and free the key
     ──► upkeep tasks that are due: lane balancing; in group 0 the cleanup
         (never of rows whose topic still keeps their records, :mod:`.retention`)
         and, with an SDK, the outbox's gauges
 
 With two groups, one group's PostgreSQL work overlaps the other's Python and
-Kafka work; their batches never share a key (:mod:`.group` says why).
+Kafka work; they never have rows of the same key in flight (:mod:`.group`
+says why). No transaction of the relay stays open while Kafka works: nothing
+the relay does holds back the ``pg_snapshot_xmin`` its claims filter on.
 
 Guarantees and choices:
 
-- **At least once.** A row is marked sent only after Kafka acknowledged it, in
-  the transaction that locked it. A crash between ack and COMMIT re-publishes
-  the batches in flight (duplicates ≤ one batch per lane group); the inbox
-  drops them by event id.
+- **At least once.** A row is marked sent only after Kafka acknowledged it. A
+  crash between the ack and the mark's COMMIT publishes the rows that were
+  acknowledged and not yet marked again: at most one batch per lane group (a
+  group has no more in flight), unless a topic had stopped answering for
+  seconds and its rows were acknowledged meanwhile (:mod:`.group`). A relay
+  whose connection dies loses its lanes while rows may be in flight; whoever
+  takes a lane then publishes those rows again. The inbox drops the
+  duplicates by event id.
 - **Per-key order.** A key is the ``key`` given to ``enqueue``
   (``aggregateid``), across topics. A key's rows are published in
   ``(txid, seq)`` order, the order :mod:`.claim` defines: the rows of one
@@ -30,7 +36,9 @@ Guarantees and choices:
   BEGIN and not at COMMIT. A row goes out only once every transaction with a
   lower id has ended, so the order is final when the row is published, every
   relay agrees on it, and writers need not lock anything. It holds with any
-  number of relays: one lane per key, one relay per lane (:mod:`.lanes`).
+  number of relays: one lane per key, one relay per lane (:mod:`.lanes`),
+  and a key with rows in flight is left out of the next claims until they
+  are marked (:mod:`.flight`).
   It is *commit* order when the writers of a key serialise on a lock taken
   before their first write: ``SELECT … FOR UPDATE`` of the aggregate's row (a
   transaction waiting for a row lock gets its id only once it holds it) or
@@ -44,7 +52,9 @@ Guarantees and choices:
   and is parked (``status = 'dead'``) on its ``max_attempts``-th such failure.
   Later rows of its key wait for it, also while it is parked: a parked row
   blocks its key until ``kinbox outbox requeue`` puts it back, and it then
-  goes out first (:mod:`.parked`). Rows of other keys never wait. Outages
+  goes out first (:mod:`.parked`). Rows of other keys never wait, neither for
+  a parked row nor for a record that a broker keeps waiting (a topic whose
+  leader is down holds back only the keys of its rows in flight). Outages
   (broker unreachable, timeouts) and a topic Kafka refuses as a whole
   (missing, not authorized: :mod:`.topics`) never count as attempts and never
   park; a row that only waited behind another is left untouched.
@@ -58,8 +68,8 @@ Guarantees and choices:
 - **Latency.** Writers ``NOTIFY`` in their transaction; the relay ``LISTEN``s
   and wakes within milliseconds of the commit. ``poll_interval`` is the
   fallback (lost notification, backoff expiry, rows held by the xmin filter).
-- **Upkeep** runs between a group's batches on its connection, never during
-  one (a lane is released only when none of its rows is in flight). A
+- **Upkeep** runs between a group's steps on its connection (a lane is
+  released only when none of its rows is in flight). A
   failing task is logged and tried again one interval later; only a lost
   connection ends the group's connected loop, which reconnects. Lane
   balancing starts anew with each connection (the locks were the old
@@ -71,7 +81,8 @@ Guarantees and choices:
   once every group turned since the last report, so one stuck group makes
   the whole relay not live.
 - **Shutdown.** :meth:`Relay.stop` (SIGTERM/SIGINT in the CLI) lets each
-  group's current batch finish and commit, releases the lanes, closes
+  group's rows in flight get their delivery reports (each within
+  ``message.timeout.ms``) and marks, releases the lanes, closes
   connections. A group that fails stops the others, and :meth:`Relay.run`
   raises its error.
 """
@@ -85,9 +96,10 @@ from collections.abc import Callable
 import psycopg
 
 from producer_outbox.config import RelayConfig
-from producer_outbox.group import Connection, LaneGroup, RelayObserver, Shared
-from producer_outbox.publisher import Publisher, Siblings
+from producer_outbox.group import Connection, LaneGroup
+from producer_outbox.publisher import AnyPublisher, Siblings
 from producer_outbox.retention import TopicRetention
+from producer_outbox.shared import RelayObserver, Shared
 from producer_outbox.telemetry import RelayTelemetry
 
 __all__ = ["Relay", "RelayConfig", "RelayObserver"]
@@ -100,13 +112,16 @@ class Relay:
 
     ``publisher`` publishes for the first lane group; the others get a
     sibling each (:meth:`KafkaPublisher.sibling`), closed when :meth:`run`
-    returns. A publisher without siblings (a test's fake) runs one group.
+    returns (as is each group's second producer, for the rows that go
+    alone). A publisher without siblings (a test's fake) runs one group,
+    and one that only publishes and waits (:class:`.Publisher` without
+    :class:`.Streaming`) is sent one batch at a time.
     """
 
     def __init__(
         self,
         config: RelayConfig,
-        publisher: Publisher,
+        publisher: AnyPublisher,
         *,
         connect: Callable[[], Connection] | None = None,
         observer: RelayObserver | None = None,
@@ -127,7 +142,7 @@ class Relay:
         """How many lane groups :meth:`run` runs side by side."""
 
     def stop(self) -> None:
-        """Ask :meth:`run` to return after the current batches (signal-handler safe)."""
+        """Ask :meth:`run` to return once the rows in flight are settled (signal-handler safe)."""
         self._stopping = True
 
     def run(self) -> None:

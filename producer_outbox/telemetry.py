@@ -1,36 +1,36 @@
-"""The relay's spans and metrics, around the publishing of each claimed batch.
+"""The relay's spans and metrics, around the sending of each claimed batch.
 
 **Spans.** A row enqueued in a sampled trace (:mod:`.trace_context`) gets a
 PRODUCER span ``send <topic>`` in that trace, its child; the span's own
 context goes on the record as ``traceparent`` / ``tracestate``, so the
-consumer's ``process`` span continues from it. The span covers the batch's
-publish (produce to every delivery report) and says how its row fared
-(``error.type`` on failure). A row with no stored context, or one its
-producer did not sample, gets no span and its record carries the stored
-context (if any) as it is: a span per row costs the relay tens of
-microseconds (measured: the README's "Tracing and metrics"), which only a
-trace someone will look at should pay. With no SDK configured no span is
-made at all.
+consumer's ``process`` span continues from it. The span covers the row's
+send (produce to the delivery reports of its key's rows: :mod:`.flight`)
+and says how its row fared (``error.type`` on failure). A row with no stored
+context, or one its producer did not sample, gets no span and its record
+carries the stored context (if any) as it is: a span per row costs the relay
+tens of microseconds (measured: the README's "Tracing and metrics"), which
+only a trace someone will look at should pay. With no SDK configured no span
+is made at all.
 
 **Metrics** (names, units, descriptions in :mod:`kinbox.otel.semconv`):
 ``messaging.client.sent.messages`` (``error.type`` on the failed ones) and
-``messaging.client.operation.duration`` (one publish of a batch), from the
-conventions; ``kinbox.outbox.publish.failures`` by ``topic`` and ``kind``
-(``row``: the record's own failure, ``outage``, ``topic``: refused as a
-whole); and gauges of the outbox, read by the upkeep task :meth:`RelayTelemetry.refresh`
-every ``metrics_interval`` (the same counts ``kinbox outbox status`` shows,
-without the sent rows): ``kinbox.outbox.pending``, ``.retrying``,
-``.parked``, ``.oldest_pending.age`` (label ``schema``) and
-``kinbox.outbox.topic.failing`` (``schema``, ``topic``). The task runs only
-when an SDK's meter provider is installed: no SDK, no extra query.
+``messaging.client.operation.duration`` (from a send to the delivery reports
+of the rows settled together), from the conventions;
+``kinbox.outbox.publish.failures`` by ``topic`` and ``kind`` (``row``: the
+record's own failure, ``outage``, ``topic``: refused as a whole); and gauges
+of the outbox, read by the upkeep task :meth:`RelayTelemetry.refresh` every
+``metrics_interval`` (the same counts ``kinbox outbox status`` shows, without
+the sent rows): ``kinbox.outbox.pending``, ``.retrying``, ``.parked``,
+``.oldest_pending.age`` (label ``schema``) and ``kinbox.outbox.topic.failing``
+(``schema``, ``topic``). The task runs only when an SDK's meter provider is
+installed: no SDK, no extra query.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -46,8 +46,7 @@ from kinbox.otel.instruments import (
 )
 from kinbox.otel.propagation import as_parent, formatted, parse
 from producer_outbox import trace_context
-from producer_outbox.batch import publish
-from producer_outbox.publisher import Outcome, Publisher
+from producer_outbox.publisher import Outcome
 from producer_outbox.records import OutboxRow, Record
 from producer_outbox.status import Backlog, read_backlog
 from producer_outbox.topics import FailingTopic, read_failing
@@ -90,24 +89,37 @@ class RelayTelemetry:
                 self, RelayTelemetry._observe_failing
             )
 
-    def publish(
-        self, publisher: Publisher, rows: Sequence[OutboxRow], records: Sequence[Record]
-    ) -> list[Outcome]:
-        """:func:`producer_outbox.batch.publish` inside the rows' spans, counted."""
-        if not (self.tracing or self.metering):
-            return publish(publisher, rows, records)
+    def start(
+        self, rows: Sequence[OutboxRow], records: Sequence[Record]
+    ) -> tuple[Sequence[Record], dict[int, trace.Span]]:
+        """Open the rows' ``send`` spans; return the records to send and the spans by index.
+
+        A record whose row got a span carries the span's context instead of the
+        stored one. :meth:`finish` ends the spans once the rows settle.
+        """
+        if not self.tracing:
+            return records, {}
         spans: dict[int, trace.Span] = {}
-        if self.tracing:
-            records = list(records)
-            for index, row in enumerate(rows):
-                if row.traceparent is not None:
-                    span = self._send_span(row)
-                    if span is not None:
-                        spans[index] = span
-                        records[index] = _carrying(records[index], span)
-        started = time.perf_counter()
-        outcomes = publish(publisher, rows, records)
-        elapsed = time.perf_counter() - started
+        carried = list(records)
+        for index, row in enumerate(rows):
+            if row.traceparent is not None:
+                span = self._send_span(row)
+                if span is not None:
+                    spans[index] = span
+                    carried[index] = _carrying(records[index], span)
+        return carried, spans
+
+    def finish(
+        self,
+        rows: Sequence[OutboxRow],
+        outcomes: Sequence[Outcome],
+        spans: Mapping[int, trace.Span],
+        elapsed: float,
+    ) -> None:
+        """Count settled ``rows`` (sent ``elapsed`` seconds ago) and end their spans.
+
+        ``spans``: those :meth:`start` opened for these rows, by index in ``rows``.
+        """
         if self.metering:
             self._count(rows, outcomes, elapsed)
         for index, span in spans.items():
@@ -116,7 +128,6 @@ class RelayTelemetry:
                 span.set_attribute(sc.ERROR_TYPE, _error_type(outcome))
                 span.set_status(trace.Status(trace.StatusCode.ERROR, outcome.error))
             span.end()
-        return outcomes
 
     def _send_span(self, row: OutboxRow) -> trace.Span | None:
         """The row's ``send`` span, or ``None``: no valid stored context, or not sampled.

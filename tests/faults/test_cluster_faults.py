@@ -16,6 +16,12 @@ committed outbox row was published, in ``(txid, seq)`` order per key.
 Quick mode runs 20a (the cluster and one round cost about a minute); 20b and
 20c run in long mode (``--long``), each about as long as 20a, the rolling
 restart half as long again.
+
+On the same cluster, not a seeded scenario (it has nothing random to vary), a
+broker is SIGSTOPped under the outbox relay while it is the only replica of
+one topic: a row for that topic waits for it, and rows of the other keys
+must go on being published and marked meanwhile, the later row of the
+waiting row's key behind it (:func:`test_a_stopped_topic_holds_up_only_its_own_keys`).
 """
 
 from __future__ import annotations
@@ -24,29 +30,38 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
+from psycopg import sql
 
 from kinbox.devstack.cluster import KafkaCluster
 from kinbox.devstack.command import dev_stack
 from kinbox.devstack.stack import Stack
 from kinbox.errors import ServiceError
+from producer_outbox.writer import enqueue
 from tests.conftest import STACK_LINES, cannot_start
+from tests.support.database import Conn, drop_schema
 from tests.support.fault_run import Run
 from tests.support.outbox import (
     RowWriter,
     consume,
+    count,
     first_deliveries,
     migrate_outbox,
     outbox_rows,
     relay_process,
+    running_relay,
+    same_lane_key,
     stop_relay,
     wait_all_sent,
 )
+from tests.support.records import log_ends
 from tests.support.scenario import scenario
-from tests.support.topics import create_topic
+from tests.support.topics import create_topic, topic_name
+from tests.support.waiting import wait_for
 
 POISON_EVERY = 37
 KEYS = tuple(f"order-{n}" for n in range(6))
@@ -183,3 +198,86 @@ def test_rolling_restart_under_the_pipeline(run: Run, cluster: Stack) -> None:
             nodes(cluster).wait_in_sync()
 
     _pipeline(run, cluster, roll)
+
+
+LANES = 8
+
+
+def _state(db: Conn, schema: str, row_id: str) -> tuple[Any, ...]:
+    """``(status, last_error, sent_at)`` of the outbox row ``row_id``."""
+    query = sql.SQL("SELECT status, last_error, sent_at FROM {}.outbox WHERE id = %s")
+    row = db.execute(query.format(sql.Identifier(schema)), (row_id,)).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_a_stopped_topic_holds_up_only_its_own_keys(cluster: Stack) -> None:
+    kafka = nodes(cluster)
+    # Read back through the brokers that stay up: a stopped one never answers.
+    up = ",".join(kafka.node(n).bootstrap_servers for n in (1, 2))
+    stuck_topic = create_topic(cluster.bootstrap_servers, topic_name("stuck"), replicas=[[3]])
+    live = create_topic(cluster.bootstrap_servers, topic_name("live"), replicas=[[1, 2], [2, 1]])
+    schema = f"stopped_{topic_name('s').rsplit('-', 1)[1]}"
+    key = "stuck-key"
+    with psycopg.connect(cluster.database_url, autocommit=True) as db:
+        migrate_outbox(db, schema)
+        companion = same_lane_key(db, key, LANES)  # its row goes in the stuck row's claim
+        try:
+            with running_relay(cluster, schema, lanes=LANES, batch_size=50):
+                # Given a relay that published to both topics (node 3 holds the
+                # only replica of one, the other lives on nodes 1 and 2)
+                enqueue(db, stuck_topic, {"warm": True}, key=key, schema=schema)
+                enqueue(db, live, {"n": -1}, key=companion, schema=schema)
+                wait_for(lambda: count(db, schema, "status = 'sent'") == 2, what="warm-up sent")
+                try:
+                    # When node 3 stops, and a row of `key` for its topic is
+                    # committed (with a row of another key of the same lane)
+                    kafka.node(3).pause()
+                    with db.transaction():
+                        stuck = str(enqueue(db, stuck_topic, {"stuck": True}, key=key,
+                                            schema=schema))  # fmt: skip
+                        enqueue(db, live, {"n": 0}, key=companion, schema=schema)
+                    # (the companion in Kafka: the claim holding the stuck row went out)
+                    wait_for(lambda: sum(log_ends(up, live, 2).values()) == 2,
+                             what="the stuck row's claim sent")  # fmt: skip
+                    # and rows of other keys follow, and one more of `key`
+                    others = []
+                    for n in range(1, 21):
+                        others.append(str(enqueue(db, live, {"n": n}, key=f"other-{n % 5}",
+                                                  schema=schema)))  # fmt: skip
+                        time.sleep(0.05)
+                    behind = str(enqueue(db, live, {"n": 21}, key=key, schema=schema))
+                    listed = ", ".join(f"'{row_id}'" for row_id in others)
+                    others_sent = f"status = 'sent' AND id IN ({listed})"
+
+                    # Then every row of the other keys is published and marked
+                    # while the stuck row still waits for its broker
+                    def flowing() -> bool:
+                        status, error, _ = _state(db, schema, stuck)
+                        assert (status, error) == ("pending", None), (
+                            f"the stuck row settled ({status}, {error}) before the rows of "
+                            "other keys were sent: they waited for it"
+                        )
+                        return count(db, schema, others_sent) == len(others)
+
+                    wait_for(flowing, timeout=60, what="rows of other keys sent")
+                    # and the later row of its key waits behind it
+                    assert _state(db, schema, behind)[0] == "pending"
+                finally:
+                    kafka.node(3).resume()
+                # When node 3 is back, everything goes out
+                wait_all_sent(cluster.database_url, schema, timeout=120)
+            kafka.wait_in_sync()
+            # Then the stuck row was marked sent before the row behind it was claimed
+            assert _state(db, schema, stuck)[2] < _state(db, schema, behind)[2]
+            # and every row of the live topic is there, each key's in outbox order
+            rows = outbox_rows(db, schema, f"topic = '{live}'")
+        finally:
+            drop_schema(cluster.database_url, schema)
+    received = consume(cluster, live, len(rows), linger=0.5)
+    promised: dict[str | None, list[str]] = {}
+    for row_id, row_key, *_ in rows:
+        promised.setdefault(row_key, []).append(row_id)
+    firsts = {k: [r.event_id for r in rs] for k, rs in first_deliveries(received).items()}
+    assert firsts == promised
+    assert stuck in {r.event_id for r in consume(cluster, stuck_topic, 2, linger=0.5)}

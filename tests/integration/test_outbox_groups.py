@@ -48,10 +48,17 @@ class PublishLog:
 
 
 class RecordingPublisher:
-    """A KafkaPublisher that logs which group sent which keys, and when publishes overlap."""
+    """A KafkaPublisher that logs which group sent which keys, and when publishes overlap.
 
-    def __init__(self, inner: KafkaPublisher, log: PublishLog, number: int = 0) -> None:
-        self.inner, self.log, self.number = inner, log, number
+    The relay asks the first group's publisher for a sibling per other group
+    when it starts; a sibling asked for later is a group's second producer,
+    for the rows that go alone, and publishes for that group.
+    """
+
+    def __init__(
+        self, inner: KafkaPublisher, log: PublishLog, number: int = 0, groups: int = 2
+    ) -> None:
+        self.inner, self.log, self.number, self.groups = inner, log, number, groups
         self.siblings: list[RecordingPublisher] = []
 
     def publish(self, records: Sequence[Record]) -> list[Outcome]:
@@ -69,7 +76,9 @@ class RecordingPublisher:
                 self.log.active -= 1
 
     def sibling(self) -> RecordingPublisher:
-        sibling = RecordingPublisher(self.inner.sibling(), self.log, 1 + len(self.siblings))
+        another_group = self.number == 0 and len(self.siblings) < self.groups - 1
+        number = 1 + len(self.siblings) if another_group else self.number
+        sibling = RecordingPublisher(self.inner.sibling(), self.log, number, self.groups)
         self.siblings.append(sibling)
         return sibling
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
@@ -22,6 +22,7 @@ def create_topic(
     prefix: str = "t",
     config: Mapping[str, str] | None = None,
     replication_factor: int = 1,
+    replicas: Sequence[Sequence[int]] | None = None,
 ) -> str:
     """Create ``name`` (or a fresh :func:`topic_name`); return it.
 
@@ -29,17 +30,28 @@ def create_topic(
         config: topic-level settings (``max.message.bytes``...).
         replication_factor: 1 by default; -1 takes the broker's default
             (3 on ``kinbox dev --brokers 3``).
+        replicas: instead of ``partitions`` and ``replication_factor``, each
+            partition's replicas by broker id, the preferred leader first.
 
     Raises:
         confluent_kafka.KafkaException: the broker refused it or did not answer in 30 s.
     """
     topic = name or topic_name(prefix)
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    new = NewTopic(
-        topic,
-        num_partitions=partitions,
-        replication_factor=replication_factor,
-        config=dict(config or {}),
-    )
+    if replicas is not None:
+        # The binding wants a partition count with an assignment, and no factor.
+        new = NewTopic(
+            topic,
+            num_partitions=len(replicas),
+            replica_assignment=[list(r) for r in replicas],
+            config=dict(config or {}),
+        )
+    else:
+        new = NewTopic(
+            topic,
+            num_partitions=partitions,
+            replication_factor=replication_factor,
+            config=dict(config or {}),
+        )
     admin.create_topics([new])[topic].result(timeout=30)
     return topic

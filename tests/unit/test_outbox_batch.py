@@ -1,4 +1,4 @@
-"""Verdicts of a published batch, and how a batch is cut into publishes (no services)."""
+"""Verdicts of a published batch, and how a claim is cut into sends (no services)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import pytest
 from confluent_kafka import KafkaError
 
-from producer_outbox.batch import publish, settle
+from producer_outbox.batch import plan, settle
 from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import ACKED, HELD, Outcome, _outcome
-from producer_outbox.records import OutboxRow, Record, to_record
+from producer_outbox.records import OutboxRow
 
 TOPIC_DOWN = Outcome("UNKNOWN_TOPIC_OR_PART: gone", outage=True, topic_failure=True)
 TIMEOUT = Outcome("_MSG_TIMED_OUT: timed out", outage=True)
@@ -84,26 +84,15 @@ def test_outcomes_classify_topic_and_authorization_errors_as_topic_outages() -> 
     assert _outcome(KafkaError(KafkaError._MSG_TIMED_OUT)).outage
 
 
-class _Script:
-    """A publisher that answers from a script by record value and records each call."""
-
-    def __init__(self, fates: dict[bytes, Outcome]) -> None:
-        self.fates = fates
-        self.calls: list[list[bytes]] = []
-
-    def publish(self, records: Sequence[Record]) -> list[Outcome]:
-        self.calls.append([r.value for r in records])
-        return [self.fates.get(r.value, ACKED) for r in records]
-
-    def close(self) -> None:
-        pass
+def _named(name: str, key: str | None, attempts: int = 0, topic: str = "t") -> OutboxRow:
+    return OutboxRow(str(uuid.uuid4()), 1, topic, key, None, name.encode(), {}, attempts)
 
 
-def _named(name: str, key: str | None, attempts: int = 0) -> OutboxRow:
-    return OutboxRow(str(uuid.uuid4()), 1, "t", key, None, name.encode(), {}, attempts)
+def _names(rows: Sequence[OutboxRow], indexes: list[int]) -> list[str]:
+    return [rows[i].value.decode() for i in indexes]
 
 
-def test_a_row_that_failed_before_is_published_alone_and_its_failure_holds_its_key() -> None:
+def test_a_row_that_failed_before_goes_alone_and_its_keys_later_rows_wait() -> None:
     # Given fresh rows around a retried row r of key k2
     rows = [
         _named("a", "k1"),
@@ -112,18 +101,29 @@ def test_a_row_that_failed_before_is_published_alone_and_its_failure_holds_its_k
         _named("c", "k1"),
         _named("n", None),
     ]
-    publisher = _Script({b"r": Outcome("too big")})
-    # When the batch is published
-    outcomes = publish(publisher, rows, [to_record(row) for row in rows])
-    # Then r went alone, after what came before it, and b (behind r) was never sent
-    assert publisher.calls == [[b"a"], [b"r"], [b"c", b"n"]]
-    assert outcomes[2] is HELD
-    assert [o.ok for o in outcomes] == [True, False, False, True, True]
+    # When the claim is cut into sends
+    cut = plan(rows)
+    # Then the fresh rows go together, r alone, and b (behind r) in a later claim
+    assert _names(rows, cut.together) == ["a", "c", "n"]
+    assert _names(rows, cut.alone) == ["r"] and cut.waiting == []
 
 
-def test_a_retried_row_behind_a_failed_row_of_its_key_is_not_sent() -> None:
-    rows = [_named("a", "k"), _named("r", "k", attempts=2)]
-    publisher = _Script({b"a": Outcome("bad")})
-    outcomes = publish(publisher, rows, [to_record(row) for row in rows])
-    assert publisher.calls == [[b"a"]]
-    assert outcomes[1] is HELD
+def test_a_retried_row_behind_a_fresh_row_of_its_key_waits_for_a_later_claim() -> None:
+    rows = [_named("a", "k"), _named("r", "k", attempts=2), _named("b", "k")]
+    cut = plan(rows)
+    # a's outcome decides r's fate: r (and b behind it) stay pending for now
+    assert _names(rows, cut.together) == ["a"] and cut.alone == [] and cut.waiting == []
+
+
+def test_one_row_of_a_topic_goes_alone_at_a_time_and_the_others_wait() -> None:
+    rows = [
+        _named("r1", "k1", attempts=1),
+        _named("r2", "k2", attempts=1),
+        _named("u", "k3", attempts=1, topic="u"),
+        _named("x", None, attempts=1, topic="x"),
+        _named("f", "k4"),
+    ]
+    cut = plan(rows, alone_topics={"x"})
+    assert _names(rows, cut.alone) == ["r1", "u"]
+    assert _names(rows, cut.waiting) == ["r2", "x"]  # their topics' slots are taken
+    assert _names(rows, cut.together) == ["f"]

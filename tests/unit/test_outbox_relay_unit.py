@@ -9,11 +9,11 @@ import pytest
 
 from kinbox.errors import ConfigurationError
 from producer_outbox.config import RelayConfig
-from producer_outbox.group import Shared
 from producer_outbox.lanes import group_target
 from producer_outbox.publisher import HELD, KafkaPublisher, Outcome, producer_config
 from producer_outbox.records import OutboxRow, Record, row_from_db, to_record
 from producer_outbox.relay import Relay
+from producer_outbox.shared import Shared
 
 
 def _row(

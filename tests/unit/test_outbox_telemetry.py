@@ -1,4 +1,4 @@
-"""The relay's trace context and telemetry around a batch's publish (no services)."""
+"""The relay's trace context and telemetry around a batch's send (no services)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,16 @@ class Publisher:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def publish(
+    telemetry: RelayTelemetry, publisher: Publisher, rows: list[OutboxRow]
+) -> list[Outcome]:
+    """What a lane group does around a send: open the spans, send, count and end them."""
+    records, spans = telemetry.start(rows, [to_record(r) for r in rows])
+    outcomes = publisher.publish(records)
+    telemetry.finish(rows, outcomes, spans, elapsed=0.01)
+    return outcomes
 
 
 def row(topic: str = "t", traceparent: str | None = TRACEPARENT, key: str = "k") -> OutboxRow:
@@ -119,7 +129,7 @@ def test_a_traced_row_is_sent_in_a_producer_span_whose_context_the_record_carrie
     publisher = Publisher(refuse="big")
     unsampled = TRACEPARENT[:-2] + "00"
     rows = [row(), row(traceparent=None), row(topic="big"), row(traceparent=unsampled)]
-    outcomes = telemetry.publish(publisher, rows, [to_record(r) for r in rows])
+    outcomes = publish(telemetry, publisher, rows)
     assert [o.ok for o in outcomes] == [True, True, False, True]
     # One span per row enqueued in a sampled trace, its child; none for the
     # untraced row, nor for the one its producer did not sample
@@ -177,5 +187,5 @@ def test_without_an_sdk_the_stored_context_travels_unchanged() -> None:
     telemetry = RelayTelemetry("kinbox", NoOpTracerProvider(), NoOpMeterProvider())
     assert not telemetry.tracing and not telemetry.metering
     publisher = Publisher()
-    telemetry.publish(publisher, [row()], [to_record(row())])
+    publish(telemetry, publisher, [row()])
     assert headers(publisher.published[0])["traceparent"] == TRACEPARENT.encode()
