@@ -20,6 +20,7 @@ import psycopg
 from psycopg import sql
 
 from kinbox.devstack.stack import Stack
+from producer_outbox.claim import claim
 from producer_outbox.lanes import lane_key
 from producer_outbox.publisher import KafkaPublisher, Outcome, Sending, producer_config
 from producer_outbox.records import Record
@@ -237,3 +238,27 @@ def _lane_holders(db: Conn, schema: str) -> list[int]:
         (lane_key(schema),),
     ).fetchall()
     return [int(r[0]) for r in rows]
+
+
+def test_the_claim_leaves_out_the_keys_and_keyless_rows_in_flight_and_writes_nothing(
+    schema: str, db: Conn
+) -> None:
+    migrate_outbox(db, schema)
+    ids = {
+        name: str(enqueue(db, "t", {"n": name}, key=key, schema=schema))
+        for name, key in [("k1a", "k1"), ("k2", "k2"), ("x", None), ("k1b", "k1"), ("y", None)]
+    }
+    everything = range(LANES)
+    rows = claim(db, schema, owned=everything, lanes=LANES, limit=10)
+    assert [r.id for r in rows] == list(ids.values())
+    assert {r.lane for r in rows} <= set(everything)
+    # With k1 and the keyless row x in flight, neither comes again
+    rows = claim(
+        db, schema, owned=everything, lanes=LANES, limit=10, busy_keys={"k1"}, busy_ids={ids["x"]}
+    )
+    assert [r.id for r in rows] == [ids["k2"], ids["y"]]
+    # and no claim left a transaction open holding their locks: another one
+    # may lock every row at once
+    with psycopg.connect(db.info.dsn, autocommit=False) as other:
+        query = sql.SQL("SELECT id FROM {}.outbox FOR UPDATE NOWAIT").format(sql.Identifier(schema))
+        assert len(other.execute(query).fetchall()) == 5
