@@ -24,6 +24,7 @@ from kinbox.devstack.postgres import PostgresServer
 from kinbox.devstack.stack import Stack, local_stack, start_connect
 from kinbox.errors import ServiceError
 from tests.support.database import drop_schema
+from tests.support.proxied import ProxiedBroker, start_proxied_broker
 from tests.support.topics import create_topic
 
 CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -151,6 +152,20 @@ def connect(stack: Stack) -> Iterator[KafkaConnect]:
     )
     yield worker
     worker.close()
+
+
+@pytest.fixture(scope="module")
+def proxied_broker() -> Iterator[ProxiedBroker]:
+    """A Kafka broker of the test module's own, behind a fault proxy (:mod:`tests.support.proxied`).
+
+    Its bootstrap address is the proxy's: every client connection goes through it.
+    """
+    try:
+        running = start_proxied_broker()
+    except ServiceError as exc:
+        cannot_start("Kafka", exc)
+    yield running
+    running.close()
 
 
 @pytest.fixture(scope="module")

@@ -1,84 +1,40 @@
 """Scenario 6: the Kafka broker dies, freezes, or the network to it breaks, under a worker.
 
 These kill and pause the broker, so they run against a broker of their own
-(module-scoped, ``fault_bootstrap`` below), never the session's. It sits
-behind a TCP fault proxy: the broker advertises the proxy's port, so every
-client connection after the bootstrap goes through it, and the network
-scenario can blackhole or cut them. PostgreSQL is the session server. The
-worker must wait each outage out and then catch up by itself.
+(``proxied_broker``, one per module: :mod:`tests.support.proxied`), never
+the session's. It sits behind a TCP fault proxy: the broker advertises the
+proxy's port, so every client connection after the bootstrap goes through
+it, and the network scenario can blackhole or cut them. PostgreSQL is the
+session server. The worker must wait each outage out and then catch up by
+itself.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
-from kinbox.devstack.kafka import KafkaBroker
-from kinbox.errors import ServiceError
 from kinbox.ops.worker import EXIT_WEDGED
-from tests.conftest import cannot_start
 from tests.support.fault_run import Run
-from tests.support.faultproxy import FaultProxy
 from tests.support.launch import FAST_TIMINGS
+from tests.support.proxied import ProxiedBroker
 from tests.support.scenario import scenario
 
 SESSION_TIMEOUT = FAST_TIMINGS["session_timeout"]
 """The workers' session timeout: a pause past it costs the member its partitions."""
 
 
-@dataclass(frozen=True)
-class ProxiedBroker:
-    """A broker these scenarios may kill and pause, and the proxy its clients go through."""
-
-    server: KafkaBroker
-    proxy: FaultProxy
-
-    def kill(self) -> None:
-        """SIGKILL the broker."""
-        self.server.kill()
-
-    def start(self) -> None:
-        """Start the broker again (same ports, same data)."""
-        self.server.start()
-
-    def pause(self) -> None:
-        """SIGSTOP the broker."""
-        self.server.pause()
-
-    def resume(self) -> None:
-        """SIGCONT the broker."""
-        self.server.resume()
-
-    @property
-    def bootstrap_servers(self) -> str:
-        """The advertised address: the proxy's."""
-        return self.server.bootstrap_servers
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[ProxiedBroker]:
-    """A Kafka broker behind a fault proxy (the proxy first: the broker advertises its port)."""
-    proxy = FaultProxy(None)
-    server = KafkaBroker(advertised_port=proxy.port)
-    proxy.target = ("127.0.0.1", server.port)
-    proxy.start()
-    try:
-        server.start()
-    except ServiceError as exc:
-        proxy.close()
-        cannot_start("Kafka", exc)
-    yield ProxiedBroker(server, proxy)
-    server.close()
-    proxy.close()
+@pytest.fixture
+def fault_bootstrap(proxied_broker: ProxiedBroker) -> str:
+    """Every round of this module runs on the proxied broker, never the session's."""
+    return proxied_broker.bootstrap_servers
 
 
 @pytest.fixture
-def fault_bootstrap(broker: ProxiedBroker) -> str:
-    """Every round of this module runs on the proxied broker, never the session's."""
-    return broker.bootstrap_servers
+def broker(proxied_broker: ProxiedBroker) -> ProxiedBroker:
+    """The module's broker, which these scenarios kill, pause and cut off."""
+    return proxied_broker
 
 
 @scenario("6a", "broker killed", fault="broker SIGKILL + restart")
