@@ -44,6 +44,10 @@ ACTIONS = ("kill", "raise", "pause")
 
 NAMES: Mapping[str, str] = {
     "before_db_commit": "kinbox worker: a batch's effects written, its COMMIT not yet sent",
+    "after_dead_letter_ack": (
+        "kinbox worker: a batch's dead letters acknowledged by the broker, no transaction open, "
+        "the one that records them not yet begun"
+    ),
     "after_db_commit": (
         "kinbox worker and every benchmark contender: committed, offsets not yet committed"
     ),

@@ -5,7 +5,8 @@
 ``outcome``     :class:`BatchResult` and :class:`Failure` (a leaf)
 ``batch``       the transaction: claim, handlers, dead letters, COMMIT
 ``dispatch``    calling the handlers, optimistically then carefully
-``narrow``      content the database refuses, pinned on its event
+``narrow``      content the database refuses, pinned on its event; dead
+                letters sent between two transactions
 ``deadletter``  dead letters: their headers, sending, replay
 ``policy``      how long a partition waits after a failure to retry
 ==============  ===============================================================

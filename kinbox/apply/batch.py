@@ -15,12 +15,37 @@
                    on a permanent failure the batch is redone with a
                    savepoint per event, the failed one dead-lettered
                record the dead letters in processed_events (status, reason)
-               if there are any: run the deferred checks now (SET CONSTRAINTS
-                   ALL IMMEDIATE), then flush them: every one acknowledged by the broker
+               if the broker has not acknowledged them all yet: run the
+                   deferred checks now (SET CONSTRAINTS ALL IMMEDIATE), then
+                   ROLLBACK ─► flush them, no transaction open: every one
+                   acknowledged by the broker ─► failpoint after_dead_letter_ack
+                   ─► BEGIN again: the same batch, their verdicts fixed
                failpoint before_db_commit
             ─► COMMIT ─► failpoint after_db_commit
             ─► after_dead_letter, after_batch hooks
             ─► the caller may now commit offset last + 1 to Kafka
+
+No transaction is open while kinbox waits for the broker (DESIGN invariant
+5). A transaction holds an id from the claim's INSERT on, and an id held
+anywhere on the server holds back ``pg_snapshot_xmin``, the gate of every
+outbox relay's claim; a dead-letter topic whose leader is away would keep a
+flush waiting for the producer's whole message timeout, try after try. So
+dead letters never go out inside the transaction that finds them: it is
+rolled back, they are flushed, and the batch is applied again in a new
+transaction in which the dead-lettered events' handlers do not run (their
+verdicts are fixed) and whose COMMIT records them (:mod:`kinbox.apply.narrow`).
+That is the price of a dead letter: its batch is applied once more, the
+other events' handlers called again (their work in the rolled-back
+transaction went with it). A batch without one is untouched: one
+transaction, and not a round trip more. The redo meets a failure of its
+own (a handler that fails only now) as any pass does; dead letters beyond
+the event it stops at went out but are not recorded, and go out again when
+the partition gets there. So does a crash between the flush and the second
+COMMIT: the dead letters stay on their topic, the database has nothing of
+the batch, the redelivered batch sends them again (dead letters are
+at-least-once), and nothing is applied twice. What runs inside a
+transaction and may wait on Kafka is the user's alone: a handler or an
+``around_event`` hook that produces and flushes.
 
 A *permanent* failure is a :class:`~kinbox.errors.DeadLetter` from the
 handler, or any exception (``Retry`` included) on the event's
@@ -66,7 +91,7 @@ from functools import partial
 from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
 from kinbox.apply.dispatch import Dispatcher
-from kinbox.apply.narrow import Plan, Refused, Settlement, Tally, Undeliverable
+from kinbox.apply.narrow import Plan, Refused, Settlement, Tally, Undeliverable, Unsent
 from kinbox.apply.outcome import BatchResult, Conflicted, Failure, Step
 from kinbox.apply.route import Route
 from kinbox.apply.skim import NOTHING, Skim, look_up
@@ -251,7 +276,9 @@ class BatchProcessor:
                 )  # fmt: skip
                 self._chain.after_step(step)
         by_offset = {r.offset: r for r in records}
-        settlement = Settlement(by_offset, events, plan, self._missing_id, self._limit)
+        settlement = Settlement(
+            by_offset, events, plan, self._missing_id, self._limit, self._deliver
+        )
         result = settlement.run(lambda part, plan: self._apply(by_offset, part, plan, known))
         if stop is not None and result.failure is None:
             result = dataclasses.replace(result, failure=stop)
@@ -271,6 +298,8 @@ class BatchProcessor:
 
         The events whose ids are ``known`` (skimmed) are duplicates already:
         left out of the transaction, which is not even begun when none is left.
+        It commits only once the broker has acknowledged every dead letter it
+        records (``plan.delivered``); one that finds others rolls back.
 
         Raises:
             Refused: PostgreSQL refused the claim, COMMIT or a dead letter's
@@ -278,7 +307,7 @@ class BatchProcessor:
                 many).
             Conflicted: a conflict, while ``plan`` retries them.
             HandlerFailed, Abandoned: see :meth:`Dispatcher.run`.
-            Undeliverable: the broker did not take a dead letter.
+            Unsent: dead letters not yet acknowledged; rolled back for them.
             StoreError: the database failed; the batch must wait.
         """
         skimmed = 0
@@ -315,13 +344,16 @@ class BatchProcessor:
                 if letters:
                     letters.sort(key=lambda item: item.record.offset)
                     self._record(tx, fresh, letters, plan)
-                    # The dead letters must be acknowledged before COMMIT records
-                    # them as dead-lettered (and so before the offset can move):
-                    # if the broker never gets them, the batch rolls back instead.
-                    # The deferred checks COMMIT would run are run first, so a
-                    # refused COMMIT is found before the broker has them.
-                    self._check_deferred(tx)
-                    self._deliver(letters)
+                    unsent = [x for x in letters if x.record.offset not in plan.delivered]
+                    if unsent:
+                        # The dead letters must be acknowledged before COMMIT
+                        # records them (and so before the offset can move),
+                        # and no transaction may wait on the broker: roll back,
+                        # and let the settlement send them and redo this. The
+                        # checks COMMIT would run are run first, so a refused
+                        # COMMIT is found before the broker has them.
+                        self._check_deferred(tx)
+                        raise Unsent(unsent)
                 failpoint("before_db_commit")
                 ready = True
                 committing = self._now()
@@ -370,6 +402,8 @@ class BatchProcessor:
     def _deliver(self, letters: list[Letter]) -> None:
         """Send ``letters`` and wait for the broker to acknowledge them all.
 
+        Called with no transaction open (see the module docstring).
+
         Raises:
             Undeliverable: one was not acknowledged; blamed on the first, the
                 earliest of them not known to be delivered.
@@ -381,6 +415,7 @@ class BatchProcessor:
                 self._publisher.flush()
         except TransportError as exc:
             raise Undeliverable(letters[0], exc) from exc
+        failpoint("after_dead_letter_ack")
 
     def _claim(self, tx: InboxTransaction, events: list[Event]) -> list[Event]:
         reclaim = {e.id for e in events if deadletter.is_replay(e.headers)}

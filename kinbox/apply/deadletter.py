@@ -168,7 +168,9 @@ def _fit(
 
 
 def send(publisher: Publisher, letter: Letter, max_bytes: int | None = None) -> None:
-    """Queue ``letter`` on ``publisher``; the caller flushes before its DB commit.
+    """Queue ``letter`` on ``publisher``; the caller flushes before the COMMIT that records it.
+
+    The caller has no transaction open meanwhile (see :mod:`kinbox.apply.batch`).
 
     Raises:
         TransportError: the record cannot fit ``max_bytes`` (see :func:`headers`),

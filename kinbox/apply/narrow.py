@@ -32,11 +32,20 @@ events before it are committed, and those after it carry on:
   running again.
 - its **bookkeeping** refused: recorded again with the bare reason code.
 
-A dead letter the broker does not take (its topic refuses the record, the
-producer went fatal, the broker is away) is no refusal of the database and
-no try of its event: the events before the transaction's first dead letter
-commit, and the partition waits at that record, as for an outage, until the
-broker takes it (:class:`Undeliverable`).
+Dead letters are sent between transactions, never inside one: no
+transaction may wait on Kafka (DESIGN invariant 5), yet the broker must
+acknowledge a dead letter before a COMMIT records it. A transaction that
+finds dead letters the broker has not acknowledged yet rolls back instead of
+committing (:class:`Unsent`); they are sent and flushed with no transaction
+open, and the part is redone with their verdicts fixed (:meth:`Plan.fix`):
+their handlers do not run again, and the redo records them and commits. A
+redo that finds a dead letter of its own (an event that fails this time) goes
+round once more, so each round delivers at least one more dead letter and
+the rounds end. A dead letter the broker does not take (its topic refuses
+the record, the producer went fatal, the broker is away) is no refusal of
+the database and no try of its event: the events before the first such dead
+letter commit, and the partition waits at that record, as for an outage,
+until the broker takes it (:class:`Undeliverable`).
 
 If even that is refused — the derived id, the bare code, or the COMMIT of
 an event whose handler did not run — nothing of the event is left to blame:
@@ -96,10 +105,22 @@ CONFLICT_PAUSE = 0.05
 """Seconds: the n-th redo after a conflict waits a random time up to this * 2**(n-1)."""
 
 
-class Undeliverable(Exception):
-    """The broker did not take a dead letter of the transaction, which was rolled back.
+class Unsent(Exception):
+    """A transaction found dead letters the broker has not acknowledged: it was rolled back.
 
-    ``letter`` is the transaction's first dead letter (lowest offset): the
+    ``letters`` (in offset order) are to be sent with no transaction open,
+    then the part redone with their verdicts fixed.
+    """
+
+    def __init__(self, letters: list[Letter]) -> None:
+        super().__init__(f"{len(letters)} dead letter(s) to send first")
+        self.letters = letters
+
+
+class Undeliverable(Exception):
+    """The broker did not acknowledge a dead letter (no transaction was open).
+
+    ``letter`` is the first of those being sent (lowest offset): the
     partition holds at its record, the events before it still commit.
     """
 
@@ -135,6 +156,16 @@ class Plan:
     conflicts: dict[int | None, int] = field(default_factory=dict)
     """Conflicts redone since the last commit, by the offset of the event whose
     handler met them (``None``: kinbox's own statements, COMMIT)."""
+    delivered: set[int] = field(default_factory=set)
+    """Offsets whose dead letters the broker acknowledged: a pass records them, sends nothing."""
+
+    def fix(self, letters: list[Letter]) -> None:
+        """``letters`` were acknowledged: every later pass dead-letters them, handlers unrun."""
+        for letter in letters:
+            offset = letter.record.offset
+            self.delivered.add(offset)
+            if offset not in self.invalid:
+                self.verdicts.setdefault(offset, Verdict(letter.reason, letter.error))
 
     def retries_conflict(self, event: Event | None) -> bool:
         """Whether ``event``'s next conflict is redone at once (else it counts as a failure)."""
@@ -153,7 +184,7 @@ class Tally:
 Apply = Callable[[list[Event], Plan], Tally]
 """Applies some consecutive events of the batch in one transaction, following the plan.
 
-Raises :class:`Refused`, :class:`Undeliverable`,
+Raises :class:`Refused`, :class:`Unsent`,
 :class:`~kinbox.apply.outcome.HandlerFailed`, :class:`~kinbox.apply.outcome.Abandoned`,
 :class:`~kinbox.apply.outcome.Unpipelined`, :class:`~kinbox.apply.outcome.Conflicted`
 (only while the plan says to retry conflicts), or :class:`~kinbox.errors.StoreError`
@@ -170,6 +201,9 @@ class Settlement:
         plan: what is known before the first pass (records without a valid id).
         missing_id: ``dead-letter``, ``derive`` or ``fail``.
         limit: the tries an event gets before it is dead-lettered.
+        deliver: sends dead letters and waits for the broker to acknowledge
+            them all, called with no transaction open; raises
+            :class:`Undeliverable` if it does not.
     """
 
     def __init__(
@@ -179,12 +213,14 @@ class Settlement:
         plan: Plan,
         missing_id: str,
         limit: Callable[[Event], int],
+        deliver: Callable[[list[Letter]], None],
     ) -> None:
         self._records = records
         self._events = list(events)
         self._plan = plan
         self._missing_id = missing_id
         self._limit = limit
+        self._deliver = deliver
         self._start = 0  # events before it are committed
         self._bound = len(events)  # the batch stops here (a failure to retry)
         self._stopped: Failure | None = None
@@ -240,12 +276,19 @@ class Settlement:
                     continue
                 self._stopped = self._wait(part, exc.error) if outcome == "wait" else outcome
                 break
-            except Undeliverable as exc:
-                # An outage of the dead-letter topic, not a try of the event:
-                # the events before it commit, the partition holds at it.
-                self._stopped = self._undelivered(exc)
-                end = self._bound = self._index(exc.letter.record.offset)
-                suspect = 0
+            except Unsent as exc:
+                # Rolled back: the broker acknowledges the dead letters while
+                # no transaction waits for it, then the part is redone.
+                try:
+                    self._deliver(exc.letters)
+                except Undeliverable as undelivered:
+                    # An outage of the dead-letter topic, not a try of the event:
+                    # the events before it commit, the partition holds at it.
+                    self._stopped = self._undelivered(undelivered)
+                    end = self._bound = self._index(undelivered.letter.record.offset)
+                    suspect = 0
+                    continue
+                self._plan.fix(exc.letters)
                 continue
             except (StoreError, TransportError) as exc:
                 self._stopped = self._wait(part, exc)

@@ -62,8 +62,9 @@ def test_an_id_the_claim_refuses_is_dead_lettered_alone_and_the_rest_applied() -
     assert (headers["kinbox.dlq.reason"], headers["kinbox.dlq.attempts"]) == ("invalid-id", "0")
     assert headers["kinbox.dlq.offset"] == "3" and len(h.publisher.acked) == 1
     # found by splitting the batch: a handful of claims, not one per record
+    # (its dead letter's own part claimed twice: before and after it went out)
     refused = [claim for claim in h.store.claims if "unstorable" in claim]
-    assert refused[-1] == ["unstorable"] and len(h.store.claims) <= 8
+    assert refused[-1] == ["unstorable"] and len(h.store.claims) <= 9
 
 
 def test_an_unstorable_id_under_derive_is_applied_under_its_position() -> None:
