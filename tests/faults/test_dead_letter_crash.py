@@ -4,11 +4,14 @@ Dead letters are at-least-once: a batch's dead letters must be acknowledged
 by the broker *before* the transaction that records them commits (or the
 offset could pass an event that is neither applied nor dead-lettered), so a
 crash in between leaves them on the dead-letter topic while the database
-forgets the whole batch. The restarted worker dead-letters the same events
-again. What must hold: each such event is dead-lettered in the database
-exactly once and applied never; the topic holds it once or twice, never
-zero, every copy naming the same original record; and replaying all the
-copies applies the event once.
+forgets the whole batch. They are flushed with no transaction open, between
+the transaction that found them (rolled back) and the one that records them,
+so the worker dies either right after the acknowledgement (``after-ack``) or
+inside that second transaction, just before its COMMIT (``before-commit``).
+The restarted worker dead-letters the same events again. What must hold:
+each such event is dead-lettered in the database exactly once and applied
+never; the topic holds it once or twice, never zero, every copy naming the
+same original record; and replaying all the copies applies the event once.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ def _stream(run: Run, count: int, every: int, duplicates: int) -> frozenset[str]
     """Produce ``count`` events, every ``every``-th poison, and return the poison ids.
 
     The first record of every partition is a poison event. The failpoint
-    kills the first transaction to reach COMMIT, which is some partition's
-    first batch, so it always holds a dead letter, flushed and acknowledged.
+    kills the worker at the first batch to get past its dead letters'
+    acknowledgement (some partition's first: they all hold one), so they
+    are flushed and acknowledged.
     """
     poison = [n for n in range(count) if n % every == 0]
     heads = poison[: run.partitions]
@@ -50,9 +54,14 @@ def _stream(run: Run, count: int, every: int, duplicates: int) -> frozenset[str]
 
 
 @scenario(
-    "16", "crash between dead-letter flush and commit", fault="SIGKILL after DLQ ack, pre-COMMIT"
-)
-def test_crash_between_dead_letter_flush_and_commit(run: Run) -> None:
+    "16", "crash between dead-letter flush and commit ({case})",
+    fault="SIGKILL after DLQ ack, {case}",
+    cases={
+        "after-ack": {"point": "after_dead_letter_ack"},
+        "before-commit": {"point": "before_db_commit"},
+    },
+)  # fmt: skip
+def test_crash_between_dead_letter_flush_and_commit(run: Run, point: str) -> None:
     every = run.rng.choice([4, 5, 7])
     batch = run.rng.choice([5, 20, 50])
     poison = _stream(run, run.events, every, run.rng.randint(0, 10))
@@ -65,7 +74,7 @@ def test_crash_between_dead_letter_flush_and_commit(run: Run) -> None:
     with run.sampling():
         # Given a worker that dies right after its first dead letters were acknowledged
         victim = run.factory.start(
-            "victim", failpoints="before_db_commit=kill@1", env=env, args=args,
+            "victim", failpoints=f"{point}=kill@1", env=env, args=args,
             batch_max_messages=batch,
         )  # fmt: skip
         assert victim.wait(60) == -signal.SIGKILL, victim.log_tail()
