@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -148,9 +148,18 @@ class Read:
 
 
 def read_topic(bootstrap: str, topic: str, timeout: float = 10.0) -> list[Read]:
-    """Every record of ``topic`` up to its end as of now; ``[]`` if it does not exist.
+    """Every record of ``topic`` up to its end as of now, by partition; ``[]`` if it does not exist.
 
     Group-less (``assign``), so nothing is committed and no topic is created.
+    """
+    return sorted(iter_topic(bootstrap, topic, timeout), key=lambda r: (r.partition, r.offset))
+
+
+def iter_topic(bootstrap: str, topic: str, timeout: float = 10.0) -> Iterator[Read]:
+    """:func:`read_topic` one record at a time, for a topic too long to hold in memory.
+
+    Every partition is read at once, so records of different partitions
+    come interleaved (each partition's in offset order).
     """
     consumer = Consumer(
         {
@@ -161,28 +170,32 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 10.0) -> list[Read]:
             "log_level": 3,
         }
     )
-    out: list[Read] = []
     try:
         meta = consumer.list_topics(timeout=timeout).topics.get(topic)
         if meta is None:
-            return out
+            return
+        ends: dict[int, int] = {}
+        starts = []
         for partition in sorted(meta.partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout)
-            if high <= low:
-                continue
-            consumer.assign([TopicPartition(topic, partition, low)])
-            position = low
-            while position < high:
-                msg = consumer.poll(timeout)
-                assert msg is not None, f"{topic}[{partition}]: nothing read in {timeout}s"
-                if msg.error() is not None:
-                    raise AssertionError(f"reading {topic}[{partition}]: {msg.error()}")
-                position = (msg.offset() or 0) + 1
-                headers = cast(Headers, msg.headers() or [])
-                out.append(Read(partition, position - 1, msg.key(), msg.value(), headers))
+            if high > low:
+                ends[partition] = high
+                starts.append(TopicPartition(topic, partition, low))
+        consumer.assign(starts)
+        while ends:
+            msg = consumer.poll(timeout)
+            assert msg is not None, f"{topic}{sorted(ends)}: nothing read in {timeout}s"
+            if msg.error() is not None:
+                raise AssertionError(f"reading {topic}[{msg.partition()}]: {msg.error()}")
+            partition, offset = msg.partition() or 0, msg.offset() or 0
+            if offset >= ends.get(partition, 0):
+                continue  # written after this read began
+            if offset + 1 >= ends[partition]:
+                del ends[partition]
+            headers = cast(Headers, msg.headers() or [])
+            yield Read(partition, offset, msg.key(), msg.value(), headers)
     finally:
         consumer.close()
-    return out
 
 
 def dead_letter_id(letter: Read, id_headers: tuple[str, ...] = ("event-id", "ce_id", "id")) -> str:
