@@ -13,15 +13,10 @@ import re
 
 from tests.support.fault_run import Run
 from tests.support.invariants import effects_by_pid
+from tests.support.launch import PROTOCOLS
 from tests.support.scenario import scenario
 from tests.support.workers import Worker, read_deliveries
 
-PROTOCOLS: dict[str, dict[str, str | None]] = {
-    "eager": {"partition.assignment.strategy": "range"},
-    "cooperative": {},  # kinbox's default: cooperative-sticky
-    # KIP-848: the broker owns the heartbeat interval; librdkafka refuses the client's.
-    "kip848": {"group.protocol": "consumer", "heartbeat.interval.ms": None},
-}
 HOLD = r"still running after [\d.]+s: pausing"
 MAX_POLL = 6.0
 """max.poll.interval (and session timeout) of scenario 8's worker, in seconds."""

@@ -64,16 +64,15 @@ Behaviour, by environment variable:
     a member asks it where it is stuck (:meth:`tests.support.workers.Worker.dump_stacks`).
 
 The ``d`` and ``r`` lines come from a :class:`kinbox.Middleware`
-(``DeliveryLog``): counting what the consumer really received is the only way
-to tell "no redelivery" from "redelivered and suppressed".
+(``DeliveryLog``, a :class:`tests.support.worker_log.BatchLog`): counting
+what the consumer really received is the only way to tell "no redelivery"
+from "redelivered and suppressed".
 """
 
 from __future__ import annotations
 
 import asyncio
-import faulthandler
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -81,9 +80,9 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from kinbox import App, Event, Middleware
-from kinbox.apply.outcome import BatchResult
+from kinbox import App, Event
 from kinbox.consume.envelope import Record
+from tests.support.worker_log import BatchLog, header_id, process_log, stacks_on_sigusr1
 
 TOPIC = os.environ.get("FAULT_TOPIC", "fault-test")
 SCHEMA = os.environ.get("KINBOX_SCHEMA", "kinbox")
@@ -122,54 +121,23 @@ class PoisonError(ValueError):
     """Raised by the handler on purpose on every attempt: the event can never be applied."""
 
 
-# faulthandler writes from its C-level signal handler: a Python handler would
-# wait for the main thread to reach its next bytecode, which a thread blocked
-# inside librdkafka never does.
-faulthandler.register(signal.SIGUSR1, all_threads=True)
-
-_fd = (
-    os.open(
-        os.path.join(LOG_DIR, f"deliveries-{os.getpid()}.log"),
-        os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-        0o644,
-    )
-    if LOG_DIR
-    else -1
-)
+stacks_on_sigusr1()
+_log = process_log(LOG_DIR, "deliveries")
 
 
-def _log(line: str) -> None:
-    if _fd >= 0:
-        os.write(_fd, (line + "\n").encode())
+class DeliveryLog(BatchLog):
+    """The delivery log's ``d`` (received) and ``r`` (committed batch) lines.
 
+    Its ``before_batch`` raises for a batch holding one of ``FAULT_HOOK_FAIL_IDS``.
+    """
 
-def _header_id(record: Record) -> str:
-    for key, value in record.headers:
-        if key == "event-id" and value is not None:
-            # One token per field: the log is split on whitespace.
-            return "".join(value.decode("utf-8", "replace").split()) or "-"
-    return "-"
-
-
-class DeliveryLog(Middleware):
-    """Writes the ``d`` (received) and ``r`` (committed batch) lines of the delivery log."""
+    def __init__(self) -> None:
+        super().__init__(_log, each_record=True)
 
     def before_batch(self, topic: str, partition: int, records: Sequence[Record]) -> None:
-        # One write for the whole batch: cheaper, and a SIGKILL cannot split it.
-        _log("\n".join(f"d {r.partition} {r.offset} {_header_id(r)}" for r in records))
-        if HOOK_FAIL_IDS and any(_header_id(r) in HOOK_FAIL_IDS for r in records):
+        super().before_batch(topic, partition, records)
+        if HOOK_FAIL_IDS and any(header_id(r) in HOOK_FAIL_IDS for r in records):
             raise RuntimeError("injected: a middleware's before_batch is broken")
-
-    def after_batch(
-        self,
-        topic: str,
-        partition: int,
-        records: Sequence[Record],
-        result: BatchResult,
-        error: BaseException | None,
-    ) -> None:
-        if result.next_offset is not None:
-            _log(f"r {result.applied} {result.duplicates}")
 
 
 app = App(group_id=os.environ.get("KINBOX_GROUP_ID", "fault-test"), schema=SCHEMA)

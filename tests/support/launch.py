@@ -44,6 +44,16 @@ FAST_GROUP: Mapping[str, str] = {
 FAST_KAFKA: Mapping[str, str] = {**FAST_GROUP, "reconnect.backoff.max.ms": "1000"}
 """:data:`FAST_GROUP`, and a broker that comes back is found within a second (fault suite)."""
 
+PROTOCOLS: Mapping[str, Mapping[str, str | None]] = {
+    "eager": {"partition.assignment.strategy": "range"},
+    "cooperative": {},  # kinbox's default: cooperative-sticky
+    # KIP-848: the broker owns the heartbeat interval; librdkafka refuses the client's.
+    "kip848": {"group.protocol": "consumer", "heartbeat.interval.ms": None},
+}
+"""``-X`` properties over :data:`FAST_KAFKA` per group assignment protocol, by the fault
+suite's case names. Under KIP-848 the session timeout is the broker's
+(``group.consumer.session.timeout.ms``, :mod:`kinbox.devstack.kafka`), not the client's."""
+
 
 def timing_env(timings: Timings = FAST_TIMINGS) -> dict[str, str]:
     """The ``KINBOX_<SETTING>`` variables that give a ``kinbox worker`` these ``timings``."""

@@ -147,6 +147,8 @@ class WorkerFactory:
     started: list[Worker] = field(default_factory=list)
     handler: str = "sync"
     """``sync`` or ``async``: which handler of the app every worker runs (``FAULT_HANDLER``)."""
+    app: str = APP
+    """The ``module:attribute`` of the app the workers run."""
 
     def start(
         self,
@@ -160,7 +162,7 @@ class WorkerFactory:
         args: Sequence[str] = (),
         kafka: Mapping[str, str | None] | None = None,
     ) -> Worker:
-        """Start ``kinbox worker tests.support.effect_app:app`` with this run's settings.
+        """Start ``kinbox worker <app>`` (:attr:`app`) with this run's settings.
 
         Args:
             args: more ``kinbox worker`` options (``--missing-id fail``...).
@@ -188,7 +190,7 @@ class WorkerFactory:
             "--batch-max-messages", str(batch_max_messages),
             *args,
         ]  # fmt: skip
-        argv = worker_argv(APP, options, {**FAST_KAFKA, **(kafka or {})})
+        argv = worker_argv(self.app, options, {**FAST_KAFKA, **(kafka or {})})
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
