@@ -60,6 +60,10 @@ RATE_ENV = "KINBOX_SOAK_RATE"
 SESSION_TIMEOUT = {"eager": FAST_TIMINGS["session_timeout"], "cooperative": FAST_TIMINGS[
     "session_timeout"], "kip848": 10.0}  # fmt: skip
 """Each protocol's session timeout: KIP-848's is the broker's (kinbox.devstack.kafka)."""
+BREAKER = {"KINBOX_BREAKER_PAUSE": "5"}
+"""The circuit breaker at its default threshold, with a short pause, as every timing of the
+fault suite is short: after a rebalance a member may meet a failing event at the head of ten
+partitions at once, and each probe that fails pauses it again."""
 CATCH_UP = 600.0
 """Seconds the members left at the end (and then the drain) have at most to commit everything."""
 STALL = 45.0
@@ -88,7 +92,7 @@ def test_churn_soak(run: Run, protocol: str, request: pytest.FixtureRequest) -> 
     if protocol == "eager":
         kafka["partition.assignment.strategy"] = run.rng.choice(["range", "roundrobin"])
     run.factory.app = "tests.support.soak_app:app"
-    env = {"SOAK_TOPIC": run.topic, "SOAK_LOG_DIR": str(run.log_dir)}
+    env = {"SOAK_TOPIC": run.topic, "SOAK_LOG_DIR": str(run.log_dir), **BREAKER}
     producer = ProducerProcess(
         run.bootstrap, topics, run.partitions, seed=str(run.rng.getrandbits(64)),
         prefix=run.group, log_path=run.log_dir / "producer.log",
@@ -160,6 +164,11 @@ def _end(run: Run, churn: Churn, producer: ProducerProcess, topics: list[str]) -
         )
     churn.stop_all()
     drain = churn.start_drain()
+    try:
+        # Joined first: a SIGTERM before its handler is in place would end it unheard.
+        drain.wait_assigned(90)
+    except AssertionError as exc:
+        churn.findings.append(f"final drain: {exc}")
     stuck = _catch_up(run, churn, ends, "the final drain")
     churn.say(stuck or "drained")
     if stuck:
