@@ -23,8 +23,9 @@ prints every check, the failed ones' ids and the members' log lines about them
 
 Duration: ``KINBOX_SOAK_SECONDS`` is the churn of *each* protocol. In quick
 mode (``make test``) it is 20 s, so the three protocols make the 60-second
-soak ``make test`` runs (about a minute each with the start and the drain);
-in long mode 120 s a round. ``KINBOX_SOAK_SECONDS=1800 pytest
+soak ``make test`` runs (well under a minute each with the start, the
+catch-up and the drain, when nothing stalls; a stall costs 45 s at the
+catch-up and 45 s at the drain); in long mode 120 s a round. ``KINBOX_SOAK_SECONDS=1800 pytest
 tests/faults/test_soak.py -k kip848`` soaks one protocol for half an hour, and
 hours work the same way: the producer, the checker and the offset watch keep
 their state on disk or in the database, and each member's log is trimmed to
