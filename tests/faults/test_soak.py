@@ -47,7 +47,7 @@ from tests.support.launch import FAST_TIMINGS, PROTOCOLS
 from tests.support.records import committed, log_ends
 from tests.support.scenario import long_mode, replay_hint, scenario
 from tests.support.soak_app import EFFECTS_DDL, TABLE
-from tests.support.soak_check import check
+from tests.support.soak_check import check, lag
 from tests.support.soak_churn import Churn
 from tests.support.soak_logs import collapse, shape
 from tests.support.soak_offsets import OffsetWatch
@@ -66,7 +66,12 @@ BREAKER = {"KINBOX_BREAKER_PAUSE": "5"}
 fault suite is short: after a rebalance a member may meet a failing event at the head of ten
 partitions at once, and each probe that fails pauses it again."""
 CATCH_UP = 600.0
-"""Seconds the members left at the end (and then the drain) have at most to commit everything."""
+"""Seconds the members left at the end (and then the drain) have at most to commit everything,
+or twice as long as the churn lasted, if longer: under eager rebalancing the backlog grows
+nearly as fast as the producer writes while the group churns."""
+LAG_EVERY = 30.0
+"""Seconds between two readings of the group's lag while it churns (printed: a soak of hours
+shows whether its backlog grows)."""
 STALL = 45.0
 """Seconds without any committed offset moving after which a catch-up has failed: longer than
 a member's join, a session timeout, a slow handler and the retry backoff put together."""
@@ -77,11 +82,16 @@ def soak_seconds() -> float:
     return float(os.environ.get(SECONDS_ENV) or (120 if long_mode() else 20))
 
 
+def catch_up_cap() -> float:
+    """The longest a catch-up may take (see :data:`CATCH_UP`)."""
+    return max(CATCH_UP, 2 * soak_seconds())
+
+
 @scenario(
     "soak", "member churn ({case})", fault="churned members, {case}", partitions=12,
     cases={protocol: {"protocol": protocol} for protocol in PROTOCOLS},
 )  # fmt: skip
-@pytest.mark.timeout(soak_seconds() * 1.5 + 2 * CATCH_UP + 300)
+@pytest.mark.timeout(soak_seconds() + 2 * catch_up_cap() + 600)
 def test_churn_soak(run: Run, protocol: str, request: pytest.FixtureRequest) -> None:
     seconds = soak_seconds()
     topics = [run.topic, f"{run.topic}-batch", f"{run.topic}-async"]
@@ -102,6 +112,7 @@ def test_churn_soak(run: Run, protocol: str, request: pytest.FixtureRequest) -> 
     churn = Churn(run.factory, run.rng, kafka, env, SESSION_TIMEOUT[protocol], producer,
                   run.log_dir)  # fmt: skip
     churn.say(f"soak {protocol} {kafka}: {seconds:g}s, seed of the round in the line above")
+    lags: list[int] = []
     try:
         with OffsetWatch(run.bootstrap, run.database_url, run.schema, run.group, topics,
                          run.partitions) as watch:  # fmt: skip
@@ -112,10 +123,15 @@ def test_churn_soak(run: Run, protocol: str, request: pytest.FixtureRequest) -> 
             # When the group churns for `seconds`
             began = time.monotonic()
             next_at = began + run.rng.uniform(1, 4)
+            next_lag = began + LAG_EVERY
             while time.monotonic() < began + seconds:
                 if time.monotonic() >= next_at:
                     churn.act()
                     next_at = time.monotonic() + run.rng.uniform(1.5, 5)
+                if time.monotonic() >= next_lag:
+                    lags.append(lag(run.bootstrap, run.group, topics, run.partitions))
+                    churn.say(f"lag {lags[-1]} records")
+                    next_lag += LAG_EVERY
                 churn.tick()
                 time.sleep(0.1)
             # Then, once the producer stopped, the members left catch up and stop
@@ -131,6 +147,7 @@ def test_churn_soak(run: Run, protocol: str, request: pytest.FixtureRequest) -> 
     churn.say("checked")
     result.figures["offset watch readings"] = watch.samples
     result.figures["records the offset watch saw passed"] = watch.checked
+    result.figures[f"largest lag seen (every {LAG_EVERY:g}s)"] = max(lags, default=0)
     if not watch.samples:
         churn.findings.append("the offset watch never got a reading of the committed offsets")
     result.add("committed offset past an unapplied record, or back", watch.violations, watch.count)
@@ -189,7 +206,7 @@ def _catch_up(run: Run, churn: Churn, ends: dict[str, dict[int, int]], who: str)
 
     It did not when no committed offset moved for :data:`STALL` seconds (a
     partition that waits for ever, or a group that lost its members), or
-    after :data:`CATCH_UP` seconds in all.
+    after :func:`catch_up_cap` seconds in all.
     """
     began = moved = time.monotonic()
     last: dict[str, dict[int, int]] = {}
@@ -203,7 +220,7 @@ def _catch_up(run: Run, churn: Churn, ends: dict[str, dict[int, int]], who: str)
         now = time.monotonic()
         if got != last:
             last, moved = got, now
-        if now - moved > STALL or now - began > CATCH_UP:
+        if now - moved > STALL or now - began > catch_up_cap():
             return (f"{who}: no committed offset moved for {now - moved:.0f}s "
                     f"({now - began:.0f}s in all); behind: {', '.join(behind[:12])}")  # fmt: skip
         time.sleep(0.5)

@@ -264,15 +264,28 @@ def check(bootstrap: str, database_url: str, schema: str, group: str, topics: li
     return result
 
 
+def positions(bootstrap: str, group: str, topics: list[str], partitions: int
+              ) -> dict[tuple[str, int], tuple[int | None, int]]:  # fmt: skip
+    """Every partition's committed offset (``None``: none yet) and log end offset."""
+    found: dict[tuple[str, int], tuple[int | None, int]] = {}
+    for topic in topics:
+        got = committed(bootstrap, group, topic, partitions)
+        for partition, end in log_ends(bootstrap, topic, partitions).items():
+            found[(topic, partition)] = (got.get(partition), end)
+    return found
+
+
+def lag(bootstrap: str, group: str, topics: list[str], partitions: int) -> int:
+    """Records the group has yet to commit, all partitions together."""
+    return sum(end - (at or 0) for at, end in positions(bootstrap, group, topics, partitions)
+               .values())  # fmt: skip
+
+
 def _lag(bootstrap: str, group: str, topics: list[str], partitions: int
          ) -> tuple[dict[int, int], list[str]]:  # fmt: skip
     """The first topic's committed offsets, and every partition not committed to its end."""
-    behind = []
-    first: dict[int, int] = {}
-    for topic in topics:
-        got = committed(bootstrap, group, topic, partitions)
-        first = first or got
-        for partition, end in log_ends(bootstrap, topic, partitions).items():
-            if got.get(partition, 0) != end:
-                behind.append(f"{topic}[{partition}] committed {got.get(partition)} of {end}")
+    found = positions(bootstrap, group, topics, partitions)
+    first = {p: at for (t, p), (at, _) in found.items() if t == topics[0] and at is not None}
+    behind = [f"{t}[{p}] committed {at} of {end}" for (t, p), (at, end) in found.items()
+              if (at or 0) != end]  # fmt: skip
     return first, behind
