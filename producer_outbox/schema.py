@@ -51,6 +51,16 @@ it instead of every unsent row of the key, so its cost no longer grows with
 the key's backlog (see :mod:`producer_outbox.claim`). The index holds only
 those few rows; a healthy outbox keeps it empty.
 
+Step 6 makes every writer wake the relay: ``outbox_notify``, an ``AFTER
+INSERT … FOR EACH STATEMENT`` trigger, sends the relay's notification
+(:func:`notify_channel`) in the writer's transaction, whatever wrote the
+rows — :func:`~producer_outbox.writer.enqueue`, plain SQL, an ORM, another
+language, ``COPY``. Once per statement, not per row, and PostgreSQL folds
+equal notifications of one transaction into one, so a transaction that
+writes many rows still wakes the relay once, at its COMMIT; a rollback
+sends nothing. A statement that inserts no row wakes the relay for
+nothing, which costs it one empty claim.
+
 Bytes payloads live in their own ``bytea`` column so they round-trip exactly
 (no base64 convention a consumer must know); a CDC connector only routes
 ``payload``, so bytes rows are relay-only.
@@ -177,6 +187,23 @@ def _troubled_rows(schema: sql.Identifier) -> Sequence[sql.Composed | sql.SQL]:
     ]
 
 
+def _notify_every_writer(schema: sql.Identifier) -> Sequence[sql.Composed | sql.SQL]:
+    return [
+        # The channel is notify_channel(<the table's schema>), spelled in SQL:
+        # schema names are ASCII identifiers, so left() cuts where [:56] does.
+        sql.SQL(
+            "CREATE OR REPLACE FUNCTION {}.outbox_notify() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$BEGIN PERFORM pg_notify(left(TG_TABLE_SCHEMA, 56) || '_outbox', '');"
+            " RETURN NULL; END$$"
+        ).format(schema),
+        sql.SQL("DROP TRIGGER IF EXISTS outbox_notify ON {}.outbox").format(schema),
+        sql.SQL(
+            "CREATE TRIGGER outbox_notify AFTER INSERT ON {}.outbox"
+            " FOR EACH STATEMENT EXECUTE FUNCTION {}.outbox_notify()"
+        ).format(schema, schema),
+    ]
+
+
 OUTBOX = Component(
     "outbox",
     [
@@ -185,6 +212,7 @@ OUTBOX = Component(
         _add_cause,
         _add_trace_context,
         _troubled_rows,
+        _notify_every_writer,
     ],
 )
 """The outbox component: ``kinbox migrate`` applies it next to the inbox's."""
@@ -195,5 +223,6 @@ def notify_channel(schema_name: str) -> str:
 
     Channel names share the 63-byte identifier limit; a truncated name shared by
     two long schema names only causes a spurious wake-up, never a missed one.
+    The ``outbox_notify`` trigger (step 6) computes the same name in SQL.
     """
     return f"{schema_name[:56]}_outbox"

@@ -1,10 +1,11 @@
 """Write an event into the outbox inside the caller's transaction.
 
-``enqueue`` is one ``INSERT ... RETURNING`` that also calls ``pg_notify``: both
-take effect at the caller's COMMIT and vanish with a ROLLBACK, so a rolled-back
-business transaction leaves no row and wakes no relay. PostgreSQL folds equal
-notifications of one transaction into one, so enqueueing many events in a
-transaction costs one wake-up.
+``enqueue`` is one ``INSERT``: the row takes effect at the caller's COMMIT
+and vanishes with a ROLLBACK. The outbox's ``outbox_notify`` trigger wakes
+the relay in the same transaction (:mod:`producer_outbox.schema`, step 6),
+for this INSERT as for any other writer's, so a rolled-back business
+transaction leaves no row and wakes no relay, and enqueueing many events in
+a transaction costs one wake-up.
 
 When a span is current, the row also stores its W3C trace context
 (``traceparent``, ``tracestate``; :mod:`producer_outbox.trace_context`), so
@@ -29,16 +30,12 @@ from kinbox.names import sql_identifier, topic_name
 from producer_outbox import trace_context
 from producer_outbox.debezium import CDC_CONSTRAINT
 from producer_outbox.ids import new_event_id
-from producer_outbox.schema import notify_channel
 
-# One statement, so even an autocommit caller gets the row and the
-# notification atomically.
+# The notification comes from the table's trigger, in the same statement.
 _INSERT = (
-    "WITH row AS ("
-    " INSERT INTO {}.outbox"
+    "INSERT INTO {}.outbox"
     " (id, topic, aggregatetype, aggregateid, type, payload, payload_bytes, headers{})"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s{}) RETURNING id)"
-    " SELECT row.id, pg_notify(%s, '') FROM row"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s{}) RETURNING id"
 )
 _CAUSE_COLUMNS = sql.SQL(", caused_by_consumer, caused_by_event_id")
 _CAUSE_VALUES = sql.SQL(", %s, %s")
@@ -308,7 +305,6 @@ def _enqueue(
         values.append(_CAUSE_VALUES)
         params += (cause.consumer, cause.event_id)
     statement = sql.SQL(_INSERT).format(schema_id, sql.Composed(columns), sql.Composed(values))
-    params += (notify_channel(schema),)
     try:
         yield statement, params
     except psycopg.errors.CheckViolation as exc:

@@ -26,7 +26,7 @@ def test_a_writer_loads_psycopg_and_nothing_of_kafka_or_the_relay() -> None:
     # Given a fresh interpreter, when a writer-only service imports enqueue,
     # then psycopg is loaded, and neither confluent-kafka, nor kinbox's Kafka
     # seam, nor any producer_outbox module beyond the writer's own.
-    writer = {"producer_outbox", "producer_outbox.writer", "producer_outbox.schema"}
+    writer = {"producer_outbox", "producer_outbox.writer"}
     writer |= {"producer_outbox.debezium"}  # the CDC constraint's name, in the writer's errors
     writer |= {"producer_outbox.trace_context"}  # the span's W3C context, stored with the row
     writer |= {"producer_outbox.ids"}  # the default event id
