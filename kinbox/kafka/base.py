@@ -102,6 +102,53 @@ class Transport(Protocol):
         """Leave the group (revoke callbacks run) and release the client."""
 
 
+class ForwardingTransport:
+    """A :class:`Transport` handing every call to ``inner``: the base of a wrapper.
+
+    A wrapper that watches some calls (health, the stage stamps) overrides
+    those and inherits the rest.
+    """
+
+    def __init__(self, inner: Transport) -> None:
+        self._inner = inner
+
+    def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
+        """See :meth:`Transport.subscribe`."""
+        self._inner.subscribe(topics, listener)
+
+    def poll(self, max_messages: int, timeout: float) -> list[Record]:
+        """See :meth:`Transport.poll`."""
+        return self._inner.poll(max_messages, timeout)
+
+    def commit(self, offsets: Mapping[Partition, int], *, asynchronous: bool = False) -> None:
+        """See :meth:`Transport.commit`."""
+        self._inner.commit(offsets, asynchronous=asynchronous)
+
+    def pause(self, partitions: Sequence[Partition]) -> None:
+        """See :meth:`Transport.pause`."""
+        self._inner.pause(partitions)
+
+    def resume(self, partitions: Sequence[Partition]) -> None:
+        """See :meth:`Transport.resume`."""
+        self._inner.resume(partitions)
+
+    def seek(self, partition: Partition, offset: int) -> None:
+        """See :meth:`Transport.seek`."""
+        self._inner.seek(partition, offset)
+
+    def positions(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
+        """See :meth:`Transport.positions`."""
+        return self._inner.positions(partitions)
+
+    def handed(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
+        """See :meth:`Transport.handed`."""
+        return self._inner.handed(partitions)
+
+    def close(self) -> None:
+        """See :meth:`Transport.close`."""
+        self._inner.close()
+
+
 class Publisher(Protocol):
     """Produces records and says when the broker has acknowledged all of them."""
 

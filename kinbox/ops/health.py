@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
-from kinbox.kafka.base import Partition, RebalanceListener
+from kinbox.kafka.base import ForwardingTransport, Partition, RebalanceListener
 
 if TYPE_CHECKING:
     from kinbox.consume.envelope import Record
@@ -168,7 +168,7 @@ def _handler_for(health: Health) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class ObservedTransport:
+class ObservedTransport(ForwardingTransport):
     """A :class:`~kinbox.kafka.base.Transport` that feeds :class:`Health`, otherwise unchanged.
 
     Each ``poll()`` entering and returning is a turn; the rebalance callbacks
@@ -177,7 +177,7 @@ class ObservedTransport:
     """
 
     def __init__(self, inner: Transport, health: Health) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._health = health
         self._held: set[Partition] = set()
 
@@ -192,30 +192,6 @@ class ObservedTransport:
             return self._inner.poll(max_messages, timeout)
         finally:
             self._health.turned()
-
-    def commit(self, offsets: Mapping[Partition, int], *, asynchronous: bool = False) -> None:
-        """See :meth:`Transport.commit`."""
-        self._inner.commit(offsets, asynchronous=asynchronous)
-
-    def pause(self, partitions: Sequence[Partition]) -> None:
-        """See :meth:`Transport.pause`."""
-        self._inner.pause(partitions)
-
-    def resume(self, partitions: Sequence[Partition]) -> None:
-        """See :meth:`Transport.resume`."""
-        self._inner.resume(partitions)
-
-    def seek(self, partition: Partition, offset: int) -> None:
-        """See :meth:`Transport.seek`."""
-        self._inner.seek(partition, offset)
-
-    def positions(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
-        """See :meth:`Transport.positions`."""
-        return self._inner.positions(partitions)
-
-    def handed(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
-        """See :meth:`Transport.handed`."""
-        return self._inner.handed(partitions)
 
     def close(self) -> None:
         """See :meth:`Transport.close`."""

@@ -36,6 +36,7 @@ from kinbox.errors import ConfigurationError, KinboxError, ThreadDied
 from kinbox.kafka import KafkaPublisher, KafkaTransport
 from kinbox.kafka.admin import check_dead_letter_topics
 from kinbox.kafka.base import Transport
+from kinbox.ops import stamps
 from kinbox.ops.exits import EXIT_CRASH, EXIT_FATAL, EXIT_INTERRUPTED, worker_status
 from kinbox.ops.health import Health, HealthServer, ObservedTransport
 from kinbox.ops.shutdown import ShutdownBound, exit_at_once, watch_threads
@@ -173,6 +174,12 @@ def run(app: App, settings: Settings) -> None:
     # configuration and connects to nothing, so a bad -X is reported as such
     # even while the database is unreachable.
     transport = KafkaTransport(settings, lag, on_wedged=_wedged)
+    try:
+        # A diagnostic, off unless KINBOX_STAGE_STAMPS is set (kinbox.ops.stamps).
+        stamped = stamps.install(transport, app.add_middleware)
+    except BaseException:
+        transport.close()
+        raise
     store = MixedInboxStore(
         settings.database_url,
         schema=settings.schema,
@@ -198,7 +205,7 @@ def run(app: App, settings: Settings) -> None:
         transport.close()
         raise
     health = _serve_health(settings)
-    observed: Transport = transport if health is None else ObservedTransport(transport, health[0])
+    observed: Transport = stamped if health is None else ObservedTransport(stamped, health[0])
     bound = ShutdownBound(settings.shutdown_timeout)
 
     def stopping(error: BaseException | None) -> None:
