@@ -31,7 +31,7 @@ from benchmarks import warmup
 from kinbox.bench.command import execute, new_prefix, select
 from kinbox.bench.contenders import CONTENDERS
 from kinbox.bench.scenarios import SCENARIOS
-from kinbox.bench.spec import EVENT_IDS, Sizes, Target
+from kinbox.bench.spec import EVENT_IDS, PRODUCER_PROFILES, Sizes, Target
 from kinbox.devstack.kafka import KafkaBroker
 from kinbox.devstack.postgres import PostgresServer
 from kinbox.devstack.stack import EXTERNAL_DATABASE_ENV, EXTERNAL_KAFKA_ENV, start_connect
@@ -86,6 +86,17 @@ def main() -> None:
     parser.add_argument("--events", type=int, help="events per run for the fast contenders")
     parser.add_argument("--outbox-rows", type=int, help="the outbox relay's backlog")
     parser.add_argument(
+        "--latency-rate", type=int, action="append", help="offered events/s (repeatable)"
+    )
+    parser.add_argument(
+        "--latency-producer", action="append", choices=PRODUCER_PROFILES,
+        help="the feeding producer's profile (repeatable)",
+    )  # fmt: skip
+    parser.add_argument("--latency-seconds", type=float, help="duration of each latency run")
+    parser.add_argument(
+        "--stage-every", type=int, help="stamp the stages of 1 event in N (0: none)"
+    )
+    parser.add_argument(
         "--event-ids", choices=EVENT_IDS, help="random (the default) or time-ordered event ids"
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="where bench.* go")
@@ -104,6 +115,14 @@ def main() -> None:
         sizes = replace(sizes, outbox_rows=args.outbox_rows)
     if args.event_ids:
         sizes = replace(sizes, event_ids=args.event_ids)
+    if args.latency_rate:
+        sizes = replace(sizes, latency_rates=tuple(args.latency_rate))
+    if args.latency_producer:
+        sizes = replace(sizes, latency_producers=tuple(args.latency_producer))
+    if args.latency_seconds:
+        sizes = replace(sizes, latency_seconds=args.latency_seconds)
+    if args.stage_every is not None:
+        sizes = replace(sizes, stage_every=args.stage_every)
     scenarios, contenders = select(args.scenario or (), args.contender or ())
     cdc = not args.no_cdc and any(s.kind == "outbox" for s in scenarios)
     with stack(cdc=cdc, steady=not args.quick) as target:

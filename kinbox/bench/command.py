@@ -24,7 +24,7 @@ from kinbox.bench.contenders import BY_NAME as CONTENDER_NAMES
 from kinbox.bench.contenders import CONTENDERS, Contender
 from kinbox.bench.scenarios import BY_NAME as SCENARIO_NAMES
 from kinbox.bench.scenarios import SCENARIOS, Scenario
-from kinbox.bench.spec import EVENT_IDS, Sizes, Target
+from kinbox.bench.spec import EVENT_IDS, PRODUCER_PROFILES, Sizes, Target
 from kinbox.cli.support import EXIT_CONFIG, die, parse_kafka_overrides
 from kinbox.errors import ConfigurationError, KinboxError
 
@@ -150,10 +150,32 @@ def new_prefix() -> str:
 @click.option("--repeat", type=click.IntRange(1, 20), help="Runs per contender and scenario.")
 @click.option("--kills", type=click.IntRange(0, 50), help="SIGKILLs per redelivery run.")
 @click.option("--large-rows", type=click.IntRange(0), help="Rows preloaded for 'large'.")
-@click.option("--latency-rate", type=click.IntRange(1), help="Offered events/s for 'latency'.")
-@click.option("--latency-seconds", type=click.FloatRange(0.5), help="Duration of 'latency'.")
 @click.option(
-    "--latency-warmup", type=click.FloatRange(0), help="Unmeasured load first, for 'latency'."
+    "--latency-rate",
+    "latency_rates",
+    multiple=True,
+    type=click.IntRange(1),
+    help="Offered events/s for 'latency' (repeatable; every producer profile runs at the "
+    "first rate, the first profile at the others; default 1000 and 5000).",
+)
+@click.option(
+    "--latency-producer",
+    "latency_producers",
+    multiple=True,
+    type=click.Choice(PRODUCER_PROFILES),
+    help="The feeding producer's settings for 'latency' (repeatable): plain (linger.ms=0) or "
+    "idempotent (and enable.idempotence=true); default both.",
+)
+@click.option(
+    "--latency-seconds", type=click.FloatRange(0.5), help="Duration of each 'latency' run."
+)
+@click.option(
+    "--latency-window", type=click.FloatRange(0.1), help="Seconds per window of 'latency'."
+)
+@click.option(
+    "--stage-every",
+    type=click.IntRange(0),
+    help="'latency': the kinbox worker stamps the stages of 1 event in N (0: no stamps).",
 )
 @click.option("--backlog-events", type=click.IntRange(10), help="1 KB events for 'memory'.")
 @click.option("--outbox-rows", type=click.IntRange(10), help="The relay's backlog.")
@@ -201,7 +223,7 @@ def bench(
     scenarios: tuple[str, ...], contenders: tuple[str, ...], quick: bool, long_mode: bool,
     connect_url: str | None, connect_database_address: str | None, prefix: str | None,
     kafka_version: str | None, json_path: str | None, out_dir: Path | None,
-    **sizes: int | float | str | None,
+    **sizes: int | float | str | tuple[Any, ...] | None,
 ) -> None:  # fmt: skip
     """Benchmark duplicate-delivery scenarios on your own Kafka cluster and PostgreSQL.
 
@@ -218,7 +240,8 @@ def bench(
     chosen = Sizes.quick() if quick else Sizes()
     if long_mode:
         chosen = chosen.long()
-    given: dict[str, Any] = {k: v for k, v in sizes.items() if v is not None}
+    # A repeatable option given no value is an empty tuple: the default stays.
+    given: dict[str, Any] = {k: v for k, v in sizes.items() if v is not None and v != ()}
     chosen = replace(chosen, **given)
     try:
         target = Target(

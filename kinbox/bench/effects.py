@@ -218,6 +218,39 @@ def latency(
     return Latency(p50, p99, len(values), method, a50, a99, len(legs))
 
 
+@dataclass(frozen=True)
+class Timed:
+    """One effect row's times, seconds since the epoch on this machine's clock."""
+
+    partition: int
+    offset: int
+    sent: float
+    """The producer's clock when it called ``produce()``."""
+    inserted: float
+    """The handler's ``INSERT`` (the row's ``clock_timestamp()``)."""
+    committed: float | None
+    """Its transaction's commit (``None`` without ``track_commit_timestamp``)."""
+
+
+def timed(conn: psycopg.Connection[Any], schema: str, table: str) -> list[Timed]:
+    """Every effect row's times, the server's moved onto this machine's clock."""
+    exact = commit_time_available(conn)
+    committed = sql.SQL(
+        "extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8" if exact else "NULL::float8"
+    )
+    rows = conn.execute(
+        sql.SQL(
+            'SELECT partition, "offset", sent_at, extract(epoch FROM applied_at)::float8, {}'
+            " FROM {}.{}"
+        ).format(committed, sql.Identifier(schema), sql.Identifier(table))
+    ).fetchall()
+    offset = clock_offset(conn)
+    return [
+        Timed(int(p), int(o), float(s), float(i) - offset, None if c is None else float(c) - offset)
+        for p, o, s, i, c in rows
+    ]
+
+
 def gap(frontier_: Mapping[int, int], committed: Mapping[int, int]) -> int:
     """Records between the committed offsets and the database frontier: the redelivered batch."""
     return sum(max(0, end - committed.get(p, 0)) for p, end in frontier_.items())

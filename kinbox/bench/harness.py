@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import KafkaException
 
-from kinbox.bench import cdc, loaded, outbox, runs, workload
+from kinbox.bench import cdc, loaded, outbox, outside, runs, workload
 from kinbox.bench.contenders import Contender
 from kinbox.bench.context import Context
 from kinbox.bench.progress import Bar
@@ -77,7 +77,7 @@ def plan_size(
     count = 0
     for scenario in scenarios:
         runners = publishers if scenario.kind == "outbox" else len(chosen(scenario, contenders))
-        variants = 2 if scenario.kind == "large" else 1
+        variants = {"large": 2, "latency": len(outside.offers(sizes))}.get(scenario.kind, 1)
         count += scenario.repeats(sizes.repeat) * runners * variants
     return count
 
@@ -176,11 +176,12 @@ class Harness:
             return
         if not runners:
             return
+        if scenario.kind == "latency":
+            self._latency(runners, repeat)
+            return
         stages = self._stages(index, scenario, runners)
         if scenario.kind == "large":
             self._preload()
-        if scenario.kind == "latency":
-            runners = self._unsaturated(runners)
         # The large table's control: the same run on an empty table, right
         # before it, so the two differ in the table and in nothing else.
         variants = (EMPTY, scenario.name) if scenario.kind == "large" else (scenario.name,)
@@ -193,28 +194,24 @@ class Harness:
                         label, variant, contender.name, rep, self._run(scenario, job, index)
                     )
 
-    def _unsaturated(self, runners: list[Contender]) -> list[Contender]:
-        """Drop the contenders whose clean-stream rate cannot take the offered load.
+    def _latency(self, runners: list[Contender], repeat: int) -> None:
+        """Every offer, every contender (rotated), from outside: a topic per run."""
+        for rep in range(repeat):
+            for offer in outside.offers(self.sizes):
+                for contender in rotated(runners, rep):
+                    topic = self.namespace.topic(offer.name, contender.name, str(rep))
+                    job = runs.Job(
+                        offer.name, contender, rep, runs.Stage(topic, {}, 0, 0),
+                        self.namespace.schema(),
+                        self.namespace.group(offer.name, contender.name, str(rep)),
+                    )  # fmt: skip
+                    self._execute(
+                        f"{offer.name} · {contender.name} · rep {rep + 1}", offer.name,
+                        contender.name, rep, self._outside(job, offer),
+                    )  # fmt: skip
 
-        Their latency would only measure how long their queue has grown.
-        """
-        offered = self.sizes.latency_rate
-        keep = []
-        for contender in runners:
-            rates = [
-                r.rate for r in self.outcome.results
-                if r.scenario == "clean" and r.contender == contender.name and r.ok and r.rate
-            ]  # fmt: skip
-            if rates and max(rates) < 1.1 * offered:
-                self.outcome.skipped.append(
-                    f"latency · {contender.name}: its clean-stream rate ({max(rates):,.0f}/s) "
-                    f"cannot take {offered:,}/s offered; the figure would measure its queue"
-                )
-                if self.bar is not None:
-                    self.bar.total -= 1  # the latency scenario runs once
-            else:
-                keep.append(contender)
-        return keep
+    def _outside(self, job: runs.Job, offer: outside.Offer) -> Callable[[], list[RunResult]]:
+        return lambda: [outside.latency(self.ctx, job, offer)]
 
     def _execute(
         self, label: str, scenario: str, contender: str, rep: int,
@@ -263,15 +260,15 @@ class Harness:
             # Fresh ids for every run: the runs share one group, hence one dedup scope.
             seed = zlib.crc32(f"{index}/{job.scenario}/{job.contender.name}/{job.rep}".encode())
             return loaded.large(self.ctx, job, events, seed=seed)
-        if scenario.kind == "latency":
-            return loaded.latency(self.ctx, job)
+        if scenario.kind == "drain":
+            return outside.drain(self.ctx, job)
         return runs.steady(self.ctx, job)
 
     def _stages(
         self, index: int, scenario: Scenario, runners: list[Contender]
     ) -> dict[str, runs.Stage]:
         """Produce the scenario's topics (one per contender scale); map contender → stage."""
-        if scenario.kind in ("large", "latency"):
+        if scenario.kind == "large":
             return {}  # a topic per run, made by the run
         sizes = {
             c.name: self.sizes.backlog_events
@@ -301,11 +298,7 @@ class Harness:
             topic = self.namespace.topic(variant, name, str(rep))
             schema, group = self.namespace.schema(variant), self.namespace.group(variant)
             return runs.Job(variant, contender, rep, runs.Stage(topic, {}, 0, 0), schema, group)
-        if scenario.kind == "latency":
-            topic = self.namespace.topic("latency", name, str(rep))
-            stage = runs.Stage(topic, {}, 0, 0)
-        else:
-            stage = stages[name]
+        stage = stages[name]
         return runs.Job(scenario.name, contender, rep, stage, self.namespace.schema(),
                         self.namespace.group(scenario.name, name, str(rep)))  # fmt: skip
 

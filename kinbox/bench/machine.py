@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -51,14 +52,16 @@ class Machine:
     late_p99_ms: float
     late_max_ms: float
     wakes: int
+    busy_pct: float | None = None
+    """Share of all CPU time the machine was not idle (every process, the run's and others')."""
+    load1: float | None = None
+    """The one-minute load average at the window's end."""
 
 
-def cpu_times(stat: Path = STAT) -> tuple[int, int] | None:
-    """``(steal, total)`` CPU ticks since boot, all cores, or ``None`` where unknown.
+def _ticks(stat: Path) -> list[int] | None:
+    """The ``cpu`` line of ``/proc/stat``: user, nice, system, idle, iowait, irq, softirq, steal.
 
-    The ``cpu`` line of ``/proc/stat``: user, nice, system, idle, iowait,
-    irq, softirq, steal, then guest times that are already in user and nice
-    (so they are left out of the total).
+    The guest times after them are already in user and nice, so they are left out.
     """
     try:
         first = stat.read_text().splitlines()[0].split()
@@ -66,8 +69,26 @@ def cpu_times(stat: Path = STAT) -> tuple[int, int] | None:
         return None
     if first[:1] != ["cpu"] or len(first) < 9:
         return None
-    ticks = [int(v) for v in first[1:9]]
-    return ticks[7], sum(ticks)
+    return [int(v) for v in first[1:9]]
+
+
+def cpu_times(stat: Path = STAT) -> tuple[int, int] | None:
+    """``(steal, total)`` CPU ticks since boot, all cores, or ``None`` where unknown."""
+    ticks = _ticks(stat)
+    return None if ticks is None else (ticks[7], sum(ticks))
+
+
+def idle_times(stat: Path = STAT) -> tuple[int, int] | None:
+    """``(idle + iowait, total)`` CPU ticks since boot, all cores, or ``None`` where unknown."""
+    ticks = _ticks(stat)
+    return None if ticks is None else (ticks[3] + ticks[4], sum(ticks))
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Percent of the CPU time between two :func:`idle_times` that was not idle."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return 100 * (1 - (after[0] - before[0]) / (after[1] - before[1]))
 
 
 def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
@@ -82,17 +103,27 @@ def probe(start: float, end: float, period: float = PERIOD) -> Machine:
     delay = start - time.time()
     if delay > 0:
         time.sleep(delay)
-    before = cpu_times()
+    before, idle_before = cpu_times(), idle_times()
     late: list[float] = []
     while time.time() < end:
         asked = time.perf_counter()
         time.sleep(period)
         late.append(1000 * (time.perf_counter() - asked - period))
-    after = cpu_times()
+    after, idle_after = cpu_times(), idle_times()
     if len(late) < 2:
         late += [0.0, 0.0]  # a window shorter than two sleeps: nothing was late
     p50, p99 = percentiles(late)
-    return Machine(steal_share(before, after), p50, p99, max(late), len(late))
+    return Machine(
+        steal_share(before, after), p50, p99, max(late), len(late),
+        busy_share(idle_before, idle_after), _load1(),
+    )  # fmt: skip
+
+
+def _load1() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 class Probe:

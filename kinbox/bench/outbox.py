@@ -1,16 +1,21 @@
-"""The outbox relay: a backlog's throughput, and commit → consumer latency, NOTIFY vs polling.
+"""The outbox relay, measured from outside: a backlog, commit → consumer latency, the trigger.
 
 The relay runs as ``kinbox outbox relay`` with its default settings, in its
 own process (so its peak RSS is its own).
 
-- **backlog**: N rows committed first (200 keys), then the relay starts;
-  rows/s between the first and the last row marked sent (``sent_at``, the
-  relay's own clock_timestamp() after Kafka acknowledged the row).
-- **latency**: rows committed one at a time while the relay runs; for each,
-  the time from the writer's COMMIT returning to a consumer holding the
-  record. Once with LISTEN/NOTIFY (``enqueue`` notifies in its transaction),
-  once with the same row inserted without the notification, so only the
-  relay's poll interval finds it — the fallback's cost.
+- **trigger**: what the outbox's NOTIFY trigger costs a writer's INSERT, in
+  an outbox of its own that nobody publishes (:func:`kinbox.bench.outbox_sql.trigger_cost`).
+- **backlog**: N rows written by SQL in one transaction (200 keys), then
+  the relay is started; rows/s between the first and the last row marked
+  sent (``sent_at``, the relay's own clock_timestamp() after Kafka
+  acknowledged the row), and from the relay's process start to the last
+  row sent (start-up included: what a team sees after a restart).
+- **latency**: rows committed while the relay runs, each timed from the
+  writer's COMMIT returning to a consumer holding the record: by
+  ``enqueue``, one at a time (``relay-notify``); by plain SQL at a steady
+  rate (``relay-sql``); and by plain SQL with the table's trigger disabled,
+  so only the relay's poll interval finds them (``relay-polling``) — the
+  fallback's cost.
 """
 
 from __future__ import annotations
@@ -21,12 +26,11 @@ import uuid
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, TopicPartition
 from psycopg import sql
 
+from kinbox.bench import effects, outbox_sql
 from kinbox.bench.context import Context
 from kinbox.bench.process import Child
-from kinbox.bench.resources import PARTITIONS
 from kinbox.bench.results import RunResult, percentiles
 from kinbox.errors import KinboxError
 
@@ -46,16 +50,17 @@ def _relay(ctx: Context, schema: str, name: str) -> Child:
 
 
 def run(ctx: Context, schema: str, rep: int) -> list[RunResult]:
-    """Backlog, then latency with NOTIFY, then latency with polling only."""
+    """The trigger's cost, the backlog, then latency: enqueue, SQL at a steady rate, polling."""
     topic = ctx.namespace.create_topic(ctx.namespace.topic("outbox", str(rep)))
     rows = ctx.sizes.outbox_rows
+    results = [_trigger(ctx, rep)]
     began = time.monotonic()
     with ctx.connect() as conn:
         commit_backlog(conn, schema, topic, rows)
         table = sql.Identifier(schema, "outbox")
         relay = _relay(ctx, schema, f"outbox-relay-{rep}")
         backlog = RunResult("outbox", "relay-backlog", rep)
-        backlog.notes["enqueue_s"] = round(time.monotonic() - began, 1)
+        backlog.notes["write_s"] = round(time.monotonic() - began, 1)
         started = time.monotonic()
         pending = sql.SQL("SELECT count(*) FROM {} WHERE status = 'pending'").format(table)
         while True:
@@ -74,19 +79,29 @@ def run(ctx: Context, schema: str, rep: int) -> list[RunResult]:
             time.sleep(0.5)
         span = conn.execute(
             sql.SQL(
-                "SELECT count(*), extract(epoch FROM max(sent_at) - min(sent_at))::float8 FROM {}"
+                "SELECT count(*), extract(epoch FROM max(sent_at) - min(sent_at))::float8,"
+                " extract(epoch FROM max(sent_at))::float8 FROM {}"
             ).format(table)
         ).fetchone()
         assert span is not None
         backlog.records = backlog.effects = backlog.distinct = int(span[0])
         if int(span[0]) != rows:
-            raise KinboxError(f"relay: {span[0]} rows sent, {rows} enqueued")
+            raise KinboxError(f"relay: {span[0]} rows sent, {rows} written")
         backlog.rate = (rows - 1) / span[1] if span[1] else None
+        last = float(span[2]) - effects.clock_offset(conn)
+        backlog.notes["rate_with_startup"] = round(rows / max(1e-9, last - relay.started), 1)
+        backlog.notes["startup_s"] = round(last - relay.started - (span[1] or 0.0), 2)
         backlog.seconds = time.monotonic() - started
-        results = [backlog]
-        for notify in (True, False):
-            name = "relay-notify" if notify else "relay-polling"
-            results.append(timed_latency(ctx, conn, schema, topic, name, rep, notify=notify))
+        results.append(backlog)
+        results.append(timed_latency(ctx, conn, schema, topic, "relay-notify", rep))
+        results.append(_steady(ctx, schema, topic, rep))
+        outbox_sql.set_trigger(conn, schema, enabled=False)
+        try:
+            results.append(
+                timed_latency(ctx, conn, schema, topic, "relay-polling", rep, notify=False)
+            )
+        finally:
+            outbox_sql.set_trigger(conn, schema, enabled=True)
         relay.stop()
     for result in results:
         result.peak_rss = relay.peak_rss
@@ -94,12 +109,32 @@ def run(ctx: Context, schema: str, rep: int) -> list[RunResult]:
 
 
 def commit_backlog(conn: psycopg.Connection[Any], schema: str, topic: str, rows: int) -> None:
-    """Enqueue ``rows`` events for ``topic`` (200 keys, ``{"n": n, ...}``) in one transaction."""
-    from producer_outbox import enqueue
+    """Write ``rows`` events for ``topic`` by SQL (200 keys, ``{"n": n, ...}``), one transaction."""
+    outbox_sql.backlog(conn, schema, topic, rows)
 
-    with conn.transaction(), conn.pipeline():
-        for n in range(rows):
-            enqueue(conn, topic, {"n": n, "pad": "x" * 64}, key=f"k{n % 200}", schema=schema)
+
+def _trigger(ctx: Context, rep: int) -> RunResult:
+    """The NOTIFY trigger's cost per INSERT, in an outbox of its own."""
+    from kinbox.store.postgres import apply_migrations
+    from producer_outbox.schema import OUTBOX
+
+    schema = ctx.namespace.schema(f"trigger{rep}")
+    apply_migrations(ctx.target.database_url, schema, [OUTBOX])
+    result = RunResult("outbox", "trigger", rep)
+    result.notes.update(outbox_sql.trigger_cost(ctx, schema, ctx.sizes.outbox_trigger_statements))
+    return result
+
+
+def _steady(ctx: Context, schema: str, topic: str, rep: int) -> RunResult:
+    """Plain SQL rows at a steady rate, each timed from its COMMIT to the consumer."""
+    sizes = ctx.sizes
+    values = outbox_sql.steady(ctx, schema, topic, sizes.outbox_sql_rate, sizes.outbox_sql_seconds)
+    result = RunResult("outbox", "relay-sql", rep, records=len(values))
+    p50, p99 = percentiles(values) if len(values) >= 2 else (values[0], values[0])
+    result.p50_ms, result.p99_ms = 1000 * p50, 1000 * p99
+    result.latency_method = "COMMIT returned → record polled by a consumer"
+    result.notes["rows_per_s"] = sizes.outbox_sql_rate
+    return result
 
 
 def timed_latency(
@@ -136,25 +171,13 @@ def latency(
     """Commit ``samples`` rows one at a time; return each COMMIT → record-polled time, seconds.
 
     Whatever publishes ``topic`` (the relay, Debezium) must be running.
-    ``notify``: enqueue (with its NOTIFY), or the same row inserted without one.
+    ``notify``: by ``enqueue``, or the same row inserted by plain SQL (the
+    caller disables the table's trigger to time the poll alone).
     """
     from producer_outbox import enqueue
     from producer_outbox.ids import new_event_id
 
-    consumer = Consumer(
-        {**ctx.target.client_config(consumer=True), "group.id": ctx.namespace.group("latency"),
-         "fetch.wait.max.ms": 5, "enable.auto.commit": False}
-    )  # fmt: skip
-    # Start exactly at the current end; "latest" is resolved lazily and could
-    # miss the first record produced right after subscribing.
-    consumer.assign(
-        [
-            TopicPartition(
-                topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
-            )
-            for p in range(PARTITIONS)
-        ]
-    )
+    consumer = outbox_sql.tail(ctx, topic, "latency")
     plain = sql.SQL(
         "INSERT INTO {} (id, topic, aggregatetype, aggregateid, payload)"
         " VALUES (%s, %s, %s, 'lat', jsonb_build_object('marker', %s::text))"

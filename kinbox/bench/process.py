@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from kinbox.bench.spec import ChildSpec
@@ -37,16 +37,21 @@ class Child:
         argv: Sequence[str],
         log_path: Path,
         env: Mapping[str, str] | None = None,
+        base: Mapping[str, str] | None = None,
     ) -> None:
+        """Start ``argv``; its environment is ``base`` (default: this one's) plus ``env``."""
         self.name = name
         self.log_path = log_path
+        self.started = time.time()
+        """When it was started, seconds since the epoch."""
+        inherited = os.environ if base is None else base
         with log_path.open("ab") as log:
             self._popen = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                env={**inherited, "PYTHONUNBUFFERED": "1", **(env or {})},
                 preexec_fn=_die_with_parent,
             )
         self.peak_rss = 0
@@ -102,11 +107,15 @@ class Child:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._popen.wait(10)
 
-    def wait_exit(self, timeout: float) -> int | None:
-        """Wait up to ``timeout`` seconds for the process to exit by itself."""
+    def wait_exit(self, timeout: float, on_wait: Callable[[], None] = lambda: None) -> int | None:
+        """Wait up to ``timeout`` seconds for the process to exit by itself.
+
+        ``on_wait`` is called between looks (it may raise to stop waiting).
+        """
         deadline = time.monotonic() + timeout
         while self.alive() and time.monotonic() < deadline:
             self.sample_rss()
+            on_wait()
             time.sleep(0.02)
         return self.returncode
 
@@ -121,7 +130,13 @@ class Child:
         )
 
 
-def start_contender(spec: ChildSpec, name: str, log_dir: Path, failpoints: str = "") -> Child:
+def start_contender(
+    spec: ChildSpec,
+    name: str,
+    log_dir: Path,
+    failpoints: str = "",
+    env: Mapping[str, str] | None = None,
+) -> Child:
     """Start ``python -m kinbox.bench.child`` for ``spec``.
 
     Args:
@@ -130,7 +145,8 @@ def start_contender(spec: ChildSpec, name: str, log_dir: Path, failpoints: str =
         log_dir: where the log file goes.
         failpoints: ``KINBOX_FAILPOINTS`` for the child (every contender honours
             ``after_db_commit=kill@N``: see :mod:`kinbox.failpoints`).
+        env: more environment.
     """
-    env = {ChildSpec.ENV: spec.to_json(), "KINBOX_FAILPOINTS": failpoints}
+    env = {**(env or {}), ChildSpec.ENV: spec.to_json(), "KINBOX_FAILPOINTS": failpoints}
     argv = [sys.executable, "-m", "kinbox.bench.child"]
     return Child(name, argv, log_dir / f"{name}.log", env)

@@ -19,10 +19,11 @@ import confluent_kafka
 import psycopg
 from psycopg import sql
 
+from kinbox.bench import outside_report
 from kinbox.bench.contenders import BY_NAME as CONTENDERS
 from kinbox.bench.harness import Outcome
 from kinbox.bench.results import Summary, find, summarise
-from kinbox.bench.scenarios import TITLES
+from kinbox.bench.scenarios import TITLES, title
 from kinbox.bench.spec import Sizes, Target
 from kinbox.errors import KinboxError
 
@@ -30,7 +31,9 @@ OUTBOX_LABELS = {
     "relay": "outbox relay",
     "relay-backlog": "outbox relay, backlog (one relay)",
     "relay-notify": "outbox COMMIT → consumer, LISTEN/NOTIFY",
-    "relay-polling": "outbox COMMIT → consumer, polling only (1 s)",
+    "relay-sql": "outbox COMMIT → consumer, rows written by SQL at a steady rate",
+    "relay-polling": "outbox COMMIT → consumer, polling only (1 s; trigger disabled)",
+    "trigger": "outbox NOTIFY trigger's cost per INSERT (notes)",
     "debezium": "outbox via Debezium (CDC)",
     "debezium-backlog": "outbox via Debezium, backlog (one connector task)",
     "debezium-latency": "outbox COMMIT → consumer, Debezium",
@@ -117,21 +120,14 @@ def headline(summaries: Sequence[Summary]) -> dict[str, float | None]:
         "each_replay_vs_clean": ratio(rate("replay", "kinbox-each"), rate("clean", "kinbox-each")),
         "batch_large_vs_empty": ratio(rate("large", "kinbox-batch"), rate("empty", "kinbox-batch")),
         "each_large_vs_empty": ratio(rate("large", "kinbox-each"), rate("empty", "kinbox-each")),
-        "batch_latency_p50_ms": get("latency", "kinbox-batch", "p50_ms"),
-        "batch_latency_p99_ms": get("latency", "kinbox-batch", "p99_ms"),
-        "each_latency_p50_ms": get("latency", "kinbox-each", "p50_ms"),
-        "each_latency_p99_ms": get("latency", "kinbox-each", "p99_ms"),
-        # The same from the broker's append: the consumer's leg alone.
-        "batch_from_append_p50_ms": note("latency", "kinbox-batch", "from_append_p50_ms"),
-        "batch_from_append_p99_ms": note("latency", "kinbox-batch", "from_append_p99_ms"),
-        "each_from_append_p50_ms": note("latency", "kinbox-each", "from_append_p50_ms"),
-        "each_from_append_p99_ms": note("latency", "kinbox-each", "from_append_p99_ms"),
-        # What the machine did in those windows: CPU its hypervisor took, late wake-ups.
-        "batch_latency_steal_pct": note("latency", "kinbox-batch", "steal_pct"),
-        "batch_latency_wake_late_p99_ms": note("latency", "kinbox-batch", "wake_late_p99_ms"),
-        "each_latency_steal_pct": note("latency", "kinbox-each", "steal_pct"),
-        "each_latency_wake_late_p99_ms": note("latency", "kinbox-each", "wake_late_p99_ms"),
         "relay_backlog_rows_per_s": rate("outbox", "relay-backlog"),
+        "relay_backlog_with_startup_rows_per_s": note(
+            "outbox", "relay-backlog", "rate_with_startup"
+        ),
+        "relay_sql_p50_ms": get("outbox", "relay-sql", "p50_ms"),
+        "relay_sql_p99_ms": get("outbox", "relay-sql", "p99_ms"),
+        "trigger_single_insert_added_us": note("outbox", "trigger", "single_added_us"),
+        "trigger_100_row_insert_added_us": note("outbox", "trigger", "multi100_added_us"),
         "notify_p50_ms": get("outbox", "relay-notify", "p50_ms"),
         "notify_p99_ms": get("outbox", "relay-notify", "p99_ms"),
         "debezium_backlog_rows_per_s": rate("outbox", "debezium-backlog"),
@@ -145,6 +141,7 @@ def headline(summaries: Sequence[Summary]) -> dict[str, float | None]:
              and s.contender.startswith("kinbox")), default=0)),
         "worker_peak_rss_mb_any": _mb(max(rss, default=0)),
         "relay_peak_rss_mb": _mb(get("outbox", "relay-backlog", "peak_rss") or 0),
+        **outside_report.headline(summaries),
     }  # fmt: skip
 
 
@@ -209,7 +206,7 @@ def markdown(data: dict[str, Any], outcome: Outcome) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summarise(outcome.results):
-        scenario = TITLES.get(s.scenario, s.scenario)
+        scenario = title(s.scenario)
         latency = "-" if s.p50_ms is None else f"{s.p50_ms:.1f} / {_num(s.p99_ms, 1)}"
         lines.append(
             f"| {scenario} | {_label(s.contender)} | {_rate_cell(s)} | {_ratio(s.vs_article)} "
@@ -220,6 +217,7 @@ def markdown(data: dict[str, Any], outcome: Outcome) -> str:
     for key, value in data["headline"].items():
         shown = _ratio(value) if "_vs_" in key else _num(value, 1)
         lines.append(f"| {key} | {shown} |")
+    lines += outside_report.markdown(summarise(outcome.results), _label)
     failures = [r for r in outcome.results if not r.ok]
     if failures:
         lines += ["", "**FAILED runs (no figure is reported for them):**", ""]

@@ -11,7 +11,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kinbox.bench.contenders import ARTICLE, CEILING
+from kinbox.bench.contenders import ARTICLE, CEILING, HAND
+
+BASELINE = {"drain": HAND}
+"""The contender a scenario's ``vs_ceiling`` divides by, where it is not the ceiling."""
 
 UNTIMED = "untimed"
 """A note saying why a run that passed its check has no figure (its scenario did not happen)."""
@@ -154,7 +157,7 @@ def _with_ratios(summaries: list[Summary]) -> list[Summary]:
             out.append(s)
             continue
         article = base.get((s.scenario, ARTICLE))
-        ceiling = base.get((s.scenario, CEILING))
+        ceiling = base.get((s.scenario, BASELINE.get(s.scenario, CEILING)))
         out.append(
             Summary(**{
                 **{k: getattr(s, k) for k in s.__dataclass_fields__},

@@ -21,8 +21,15 @@ large      ``processed_events`` holds millions of rows of the group before the
            run (claims land in a big index); each run follows the same run
            on an empty table (reported as ``empty``), so the two differ in
            the table alone.
-latency    1k events/s offered to a running member; produce → effect
-           committed, p50/p99.
+latency    measured from outside, as a team deploys and watches it
+           (:mod:`kinbox.bench.outside`): ``kinbox worker`` from its command
+           line with its defaults, fed by a producer process of its own at
+           fixed rates for minutes; produce → effect committed over the run
+           and per 10-second window, the worker's CPU time per event, and
+           where the time goes stage by stage. The hand-written streaming
+           inbox is measured the same way beside it.
+drain      a backlog waiting in the topic, drained by ``kinbox worker`` (and
+           the hand-written streaming inbox) started from outside.
 memory     a backlog of 1 KB events: peak RSS of the consumer process.
 outbox     the outbox relay: a backlog's throughput, and commit → consumer
            latency woken by LISTEN/NOTIFY and by polling only; then the same
@@ -30,22 +37,26 @@ outbox     the outbox relay: a backlog's throughput, and commit → consumer
            target has a Connect URL.
 ========== ===================================================================
 
-Which contenders: every one runs the consumer scenarios, except that the
-inbox-off contender has no claim to slow down in ``large``; a contender whose
-clean-stream rate in the same run is below the offered load is left out of
-``latency`` (said so in the report), because its latency would only measure
-its queue; ``memory`` compares kinbox with the ceiling only (the
-slow contenders would take minutes); ``outbox`` is the relay's and
-Debezium's — none of the consumers has one.
+Which contenders: every one but the streaming hand-written inbox runs the
+consumer scenarios, except that the inbox-off contender has no claim to
+slow down in ``large``; ``latency`` and ``drain`` set kinbox's per-event and
+batch handlers beside the streaming hand-written inbox (what a team would
+deploy instead); ``memory`` compares kinbox with the ceiling only (the slow
+contenders would take minutes); ``outbox`` is the relay's and Debezium's —
+none of the consumers has one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kinbox.bench.contenders import CONTENDERS
+from kinbox.bench.contenders import CONTENDERS, HAND
 
-ALL = tuple(c.name for c in CONTENDERS)
+ALL = tuple(c.name for c in CONTENDERS if c.name != HAND)
+"""The contenders of the scenarios run inside the harness."""
+
+OUTSIDE = ("kinbox-each", "kinbox-batch", HAND)
+"""The contenders of the outside scenarios: kinbox as deployed, beside the hand-written inbox."""
 
 OUTBOX_CONTENDERS = ("relay", "debezium")
 """What publishes the outbox scenario's rows: ``kinbox outbox relay``, and Debezium (CDC)."""
@@ -87,7 +98,11 @@ SCENARIOS: tuple[Scenario, ...] = (
         "large", "large processed_events", "large",
         contenders=tuple(n for n in ALL if n != "inbox-off"),
     ),
-    Scenario("latency", "latency at offered load", "latency", repeat=1),
+    Scenario(
+        "latency", "latency at offered load, from outside", "latency", contenders=OUTSIDE,
+        repeat=1,
+    ),
+    Scenario("drain", "a backlog drained, from outside", "drain", contenders=OUTSIDE),
     Scenario(
         "memory", "backlog of 1 KB events (peak RSS)", "steady",
         contenders=("kinbox-each", "kinbox-batch", "ceiling"), pad=1000, repeat=1,
@@ -110,3 +125,11 @@ for _s in SCENARIOS:
         TITLES[EMPTY] = "empty processed_events (control)"
     TITLES[_s.name] = _s.title
 """What the report calls each scenario whose results it shows."""
+
+
+def title(name: str) -> str:
+    """What the report calls the results named ``name`` (a latency run's offer spelled out)."""
+    if name.startswith("latency-"):
+        rate, _, producer = name.removeprefix("latency-").partition("-")
+        return f"latency at {int(rate):,}/s, {producer} producer, from outside"
+    return TITLES.get(name, name)

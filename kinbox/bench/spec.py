@@ -78,6 +78,9 @@ class Target:
 EVENT_IDS = ("random", "time-ordered")
 """What :attr:`Sizes.event_ids` may be."""
 
+PRODUCER_PROFILES = ("plain", "idempotent")
+"""What :attr:`Sizes.latency_producers` may hold (:data:`kinbox.bench.feeder.PROFILES`)."""
+
 
 @dataclass(frozen=True)
 class Sizes:
@@ -91,22 +94,20 @@ class Sizes:
     """Consumer redelivery: SIGKILLs between database commit and offset commit, per run."""
     large_rows: int = 10_000_000
     """Rows loaded into ``processed_events`` before the large-table scenario."""
-    latency_rate: int = 1_000
-    """Offered load of the latency scenario, events/s."""
-    latency_seconds: float = 10.0
-    """How long the latency scenario offers that load and measures it."""
-    latency_warmup: float = 10.0
-    """Seconds of the same load offered first and not measured.
-
-    A stack started for the run is cold (the broker's JVM, PostgreSQL's and
-    the kernel's caches). With only the first second left out, runs on a
-    fresh stack had p99 43 to 50 ms; after ten seconds of warm-up, 13 to 25
-    ms (same code, same machine).
-    """
+    latency_rates: tuple[int, ...] = (1_000, 5_000)
+    """Offered loads of the latency scenario, events/s (see :func:`kinbox.bench.outside.offers`)."""
+    latency_producers: tuple[str, ...] = ("plain", "idempotent")
+    """The feeding producer's profiles (:data:`kinbox.bench.feeder.PROFILES`)."""
+    latency_seconds: float = 180.0
+    """How long each latency run offers its load; all of it is measured."""
+    latency_window: float = 10.0
+    """Seconds per window of the latency's per-window percentiles."""
+    stage_every: int = 100
+    """The latency scenario's kinbox worker stamps the stages of 1 event in this many (0: none)."""
     backlog_events: int = 300_000
     """The memory scenario's backlog of 1 KB events."""
-    outbox_rows: int = 50_000
-    """The relay's backlog."""
+    outbox_rows: int = 100_000
+    """The relay's backlog, written by SQL before the relay starts."""
     outbox_samples: int = 200
     """Outbox commits timed one by one, woken by NOTIFY (and through Debezium).
 
@@ -115,6 +116,13 @@ class Sizes:
     """
     outbox_polling_samples: int = 40
     """The same, with no NOTIFY: each waits for the relay's poll interval."""
+    outbox_sql_rate: float = 10.0
+    """Rows a second a plain SQL writer commits while the relay runs (timed one by one)."""
+    outbox_sql_seconds: float = 30.0
+    """How long that writer writes."""
+    outbox_trigger_statements: int = 2_000
+    """INSERTs timed with and without the outbox's NOTIFY trigger (single-row; a tenth of
+    them of 100 rows each)."""
     min_events: int = 60
     """No run gets fewer events than this, whatever a contender's scale."""
     event_ids: str = "random"
@@ -128,6 +136,11 @@ class Sizes:
     def __post_init__(self) -> None:
         if self.event_ids not in EVENT_IDS:
             raise ConfigurationError(f"event_ids={self.event_ids!r}: one of {', '.join(EVENT_IDS)}")
+        unknown = [p for p in self.latency_producers if p not in PRODUCER_PROFILES]
+        if unknown:
+            raise ConfigurationError(
+                f"latency_producers={unknown!r}: each one of {', '.join(PRODUCER_PROFILES)}"
+            )
 
     @property
     def ordered_ids(self) -> bool:
@@ -138,9 +151,10 @@ class Sizes:
     def quick(cls) -> Sizes:
         """Seconds per run: proves every contender and scenario runs; no figure to quote."""
         return cls(
-            events=300, repeat=1, kills=2, large_rows=20_000, latency_rate=200,
-            latency_seconds=1.0, latency_warmup=0.5, backlog_events=600, outbox_rows=300,
-            outbox_samples=5, outbox_polling_samples=5, min_events=30,
+            events=300, repeat=1, kills=2, large_rows=20_000, latency_rates=(200, 400),
+            latency_seconds=2.0, latency_window=1.0, stage_every=1, backlog_events=600,
+            outbox_rows=300, outbox_samples=5, outbox_polling_samples=5, outbox_sql_rate=10.0,
+            outbox_sql_seconds=0.5, outbox_trigger_statements=20, min_events=30,
         )  # fmt: skip
 
     def long(self) -> Sizes:

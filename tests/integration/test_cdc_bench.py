@@ -47,7 +47,8 @@ def test_quick_outbox_scenario_times_debezium_beside_the_relay_and_removes_every
     assert outcome.skipped == []
     by = {r.contender: r for r in outcome.results}
     assert set(by) == {
-        "relay-backlog", "relay-notify", "relay-polling", "debezium-backlog", "debezium-latency",
+        "trigger", "relay-backlog", "relay-notify", "relay-sql", "relay-polling",
+        "debezium-backlog", "debezium-latency",
     }  # fmt: skip
     # Every committed row of the backlog came through Debezium, once each in a clean run
     backlog = by["debezium-backlog"]

@@ -130,23 +130,31 @@ def test_summary_is_the_median_with_its_spread_and_ratios() -> None:
     assert by["kinbox-batch"].vs_article == pytest.approx(5.5)
 
 
-def test_the_latency_from_the_append_is_the_median_over_the_runs_as_the_whole_is() -> None:
+def test_a_latency_note_is_the_median_over_the_runs_as_the_whole_is() -> None:
     runs = [
-        RunResult("latency", "kinbox-each", rep, p50_ms=p50, p99_ms=p99,
+        RunResult("latency-1000-plain", "kinbox-each", rep, p50_ms=p50, p99_ms=p99,
                   notes={"from_append_p50_ms": a50, "from_append_p99_ms": a99,
-                         "steal_pct": steal, "samples": rep})
+                         "steal_pct": steal, "samples": rep, "worst_window_p99_ms": a99,
+                         "cpu_us_per_event": 300.0})
         for rep, (p50, p99, a50, a99, steal) in enumerate(
             [(6.0, 50.0, 5.0, 45.0, 3.0), (5.0, 40.0, 4.0, 30.0, 1.0), (9.0, 90.0, 8.0, 80.0, 9.0)]
         )
     ]  # fmt: skip
-    (summary,) = summarise(runs)
+    runs.append(
+        RunResult("latency-1000-plain", "hand", 0, p50_ms=2.0, p99_ms=20.0,
+                  notes={"cpu_us_per_event": 400.0})
+    )  # fmt: skip
+    summary, hand = summarise(runs)
     assert (summary.p50_ms, summary.p99_ms) == (6.0, 50.0)
     assert summary.notes == {
-        "from_append_p50_ms": 5.0, "from_append_p99_ms": 45.0, "steal_pct": 3.0, "samples": 2
+        "from_append_p50_ms": 5.0, "from_append_p99_ms": 45.0, "steal_pct": 3.0, "samples": 2,
+        "worst_window_p99_ms": 45.0, "cpu_us_per_event": 300.0,
     }  # fmt: skip
-    headline = report.headline([summary])
-    assert (headline["each_from_append_p50_ms"], headline["each_from_append_p99_ms"]) == (5.0, 45.0)
-    assert headline["each_latency_steal_pct"] == 3.0
+    headline = report.headline([summary, hand])
+    assert (headline["each_1000_plain_p50_ms"], headline["each_1000_plain_p99_ms"]) == (6.0, 50.0)
+    assert headline["each_1000_plain_worst_window_p99_ms"] == 45.0
+    assert headline["each_1000_plain_cpu_vs_hand"] == pytest.approx(0.75)
+    assert headline["hand_1000_plain_p99_ms"] == 20.0
 
 
 def test_a_failed_run_leaves_no_figure_and_the_report_says_failed() -> None:
@@ -270,7 +278,8 @@ def test_cli_passes_every_option_to_the_run(monkeypatch: pytest.MonkeyPatch) -> 
          "-X", "security.protocol=SASL_SSL", "-X", "sasl.mechanism=PLAIN",
          "--scenario", "replay", "--scenario", "storm", "--contender", "ceiling",
          "--events", "500", "--repeat", "2", "--kills", "4", "--large-rows", "1000",
-         "--latency-rate", "50", "--latency-seconds", "2", "--latency-warmup", "0",
+         "--latency-rate", "50", "--latency-rate", "70", "--latency-seconds", "2",
+         "--latency-producer", "idempotent", "--latency-window", "0.5", "--stage-every", "0",
          "--kafka-version", "3.9.1", "--json", "out.json"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -281,7 +290,8 @@ def test_cli_passes_every_option_to_the_run(monkeypatch: pytest.MonkeyPatch) -> 
     assert [c.name for c in seen["contenders"]] == ["ceiling"]
     sizes = seen["sizes"]
     assert (sizes.events, sizes.repeat, sizes.kills, sizes.large_rows) == (500, 2, 4, 1000)
-    assert (sizes.latency_rate, sizes.latency_seconds, sizes.latency_warmup) == (50, 2.0, 0.0)
+    assert (sizes.latency_rates, sizes.latency_producers) == ((50, 70), ("idempotent",))
+    assert (sizes.latency_seconds, sizes.latency_window, sizes.stage_every) == (2.0, 0.5, 0)
     assert seen["json_path"] == "out.json"
 
 

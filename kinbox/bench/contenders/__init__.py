@@ -1,4 +1,4 @@
-"""The contenders: kinbox three ways, the article's design, FastStream + an inbox, the ceiling.
+"""The contenders: kinbox three ways, the article's design, FastStream + an inbox, hand-written.
 
 Every contender consumes the same events from the same topic and partitions
 and writes one business row per event (:mod:`kinbox.bench.effects`) into the
@@ -36,6 +36,11 @@ class Contender:
     contenders): spaces the redelivery kills so that all of them fall before the end."""
     needs: str | None = None
     """An optional package this contender imports (``kinbox[bench]`` brings it)."""
+    app: str | None = None
+    """``module:attr`` of the app for ``kinbox worker``, the outside scenarios' way to run it.
+
+    ``None``: the outside scenarios run :attr:`entry` in a process of its own.
+    """
 
     def available(self) -> bool:
         """Whether what it needs is installed."""
@@ -45,9 +50,13 @@ class Contender:
 _HERE = "kinbox.bench.contenders"
 
 CONTENDERS: tuple[Contender, ...] = (
-    Contender("kinbox-each", "kinbox @handler (per event)", f"{_HERE}.kinbox_runner:run_each"),
     Contender(
-        "kinbox-batch", "kinbox @handler(batch=True)", f"{_HERE}.kinbox_runner:run_batch"
+        "kinbox-each", "kinbox @handler (per event)", f"{_HERE}.kinbox_runner:run_each",
+        app=f"{_HERE}.deployed:each",
+    ),
+    Contender(
+        "kinbox-batch", "kinbox @handler(batch=True)", f"{_HERE}.kinbox_runner:run_batch",
+        app=f"{_HERE}.deployed:batch",
     ),
     Contender(
         "inbox-off", "kinbox batch, inbox off (at-least-once)",
@@ -62,6 +71,10 @@ CONTENDERS: tuple[Contender, ...] = (
         scale=0.03, commit_size=1, needs="faststream",
     ),
     Contender("ceiling", "hand-written set-based (ceiling)", f"{_HERE}.setbased:run"),
+    Contender(
+        "hand", "hand-written set-based, streaming (async offset commits)",
+        f"{_HERE}.setbased:run_streaming",
+    ),
 )  # fmt: skip
 """Every contender, in report order."""
 
@@ -70,3 +83,5 @@ ARTICLE = "article"
 """The baseline of the ``xarticle`` column."""
 CEILING = "ceiling"
 """The baseline of the ``xceiling`` column."""
+HAND = "hand"
+"""The outside scenarios' baseline: the hand-written inbox a team deploys for latency too."""

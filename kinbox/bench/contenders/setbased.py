@@ -10,10 +10,12 @@ commit before it fetches again.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from kinbox.bench import effects
 from kinbox.bench.contenders.common import (
@@ -32,7 +34,23 @@ WAIT = 0.1
 
 
 def run(spec: ChildSpec) -> None:
-    """Consume until SIGTERM."""
+    """Consume until SIGTERM: wait to fill a batch, commit its offsets synchronously."""
+    _consume(spec, lambda consumer: consumer.consume(BATCH, WAIT), asynchronous=False)
+
+
+def run_streaming(spec: ChildSpec) -> None:
+    """Consume until SIGTERM: wait for one record only, commit offsets asynchronously."""
+
+    def poll(consumer: Consumer) -> list[Message]:
+        first = consumer.consume(1, WAIT)
+        return first + consumer.consume(BATCH - 1, 0) if first else first
+
+    _consume(spec, poll, asynchronous=True)
+
+
+def _consume(
+    spec: ChildSpec, poll: Callable[[Consumer], list[Message]], *, asynchronous: bool
+) -> None:
     stop = StopFlag()
     claim = claim_many(spec.schema)
     insert = effects.insert_many(spec.schema, spec.table)
@@ -40,7 +58,7 @@ def run(spec: ChildSpec) -> None:
     consumer.subscribe([spec.topic])
     with psycopg.connect(spec.database_url) as conn:
         while not stop:
-            messages = [m for m in consumer.consume(BATCH, WAIT) if not m.error()]
+            messages = [m for m in poll(consumer) if not m.error()]
             if not messages:
                 continue
             by_partition: dict[int, list[tuple[Any, ...]]] = {}
@@ -66,5 +84,12 @@ def run(spec: ChildSpec) -> None:
                         conn.execute(insert, columns(todo))
                 failpoint("after_db_commit")
                 ends.append(TopicPartition(spec.topic, partition, rows[-1][2] + 1))
-            consumer.commit(offsets=ends, asynchronous=False)
+            if asynchronous:
+                consumer.commit(offsets=ends, asynchronous=True)
+            else:
+                consumer.commit(offsets=ends, asynchronous=False)
+    if asynchronous:
+        # What the last asynchronous commits sent may not have landed yet.
+        with contextlib.suppress(KafkaException):
+            consumer.commit(asynchronous=False)
     consumer.close()
