@@ -9,6 +9,17 @@ is lost gets none — another member owns it already.
 While the worker runs, offsets are committed *asynchronously*
 (:meth:`Offsets.commit`): the polling thread sends them and goes on, and the
 broker's answer comes back through a later poll (:meth:`Offsets.answered`).
+One such commit is in flight at a time; the next carries the latest offsets
+once the answer came. The broker serves a member's requests to its group
+coordinator one at a time, on one connection, and a Kafka 4 coordinator
+holds each commit for its append linger (``group.coordinator.append.linger.ms``,
+5 ms) before it answers: about 150 commits a second at most. A commit per
+batch — 300 to 600 a second at 1,000 events/s in batches of one to three —
+queued thousands of them, the member's heartbeats waited behind the queue,
+and after ``session.timeout.ms`` the member lost its partitions (and waited
+minutes for the queued requests to time out before it rejoined). So commits
+follow the broker's pace, each offset at most one round trip late; an
+answer that never comes (:data:`ANSWER_WAIT`) does not stop them.
 An offset stays pending until the broker has confirmed it, so a failed
 commit is simply sent again by the next turn — but only while the partition
 is this member's: a revoke or a loss calls :meth:`Offsets.forget`, and a
@@ -39,7 +50,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from kinbox.errors import FatalTransportError, TransportError
 from kinbox.kafka.base import Partition, Transport
@@ -50,6 +61,9 @@ log = logging.getLogger(__name__)
 # every turn; say so once in a while, not ten times a second.
 _WARN_EVERY = 30.0
 
+ANSWER_WAIT = 30.0
+"""Seconds an asynchronous commit may go unanswered before the next one is sent all the same."""
+
 
 class Offsets:
     """The next offset to commit per partition, and committing it.
@@ -58,8 +72,10 @@ class Offsets:
         transport: where offsets are committed.
     """
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, clock: Callable[[], float] = time.monotonic) -> None:
         self._transport = transport
+        self._clock = clock
+        self._sent_at = 0.0
         self._pending: dict[Partition, int] = {}
         # Sent asynchronously and not answered yet: not sent again meanwhile.
         self._sent: dict[Partition, int] = {}
@@ -112,6 +128,9 @@ class Offsets:
     def commit(self) -> None:
         """Send every offset due and not already on its way, asynchronously.
 
+        Nothing is sent while an earlier commit waits for its answer (for up
+        to :data:`ANSWER_WAIT`): see the module's docstring.
+
         Raises:
             FatalTransportError: the consumer is fatally broken (refused now,
                 or an earlier commit's answer said so); no turn can commit
@@ -119,6 +138,8 @@ class Offsets:
         """
         if self._fatal is not None:
             raise self._fatal
+        if self._sent and self._clock() - self._sent_at < ANSWER_WAIT:
+            return
         offsets = {tp: o for tp, o in self._due().items() if self._sent.get(tp) != o}
         if not offsets:
             return
@@ -130,6 +151,7 @@ class Offsets:
             self._warn(exc)
             return
         self._sent.update(offsets)
+        self._sent_at = self._clock()
 
     def answered(self, offsets: Mapping[Partition, int], error: TransportError | None) -> None:
         """The broker's answer to an asynchronous commit of ``offsets``.

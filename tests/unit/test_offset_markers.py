@@ -51,14 +51,16 @@ def test_an_idle_partition_commits_the_position_past_a_marker() -> None:
 
 def test_a_record_handed_over_but_not_settled_keeps_the_position_back() -> None:
     transport = FakeTransport({P0: [record(T, 0, o, f"e{o}") for o in range(6)]})
-    transport.subscribe([T], Heard())
+    heard = Heard()
+    transport.subscribe([T], heard)
     transport.poll(10, 0)  # the consumer's position is 6 now
-    offsets = Offsets(transport)
+    offsets = heard.offsets = Offsets(transport)
     offsets.advance(P0, 3)  # only 0..2 settled (3.. put back, or still in flight)
     offsets.commit()
     assert transport.committed == {P0: 3}
     offsets.advance(P0, 6)
     marker_after(transport, P0)
+    transport.poll(10, 0)  # the broker's answer to the first commit
     offsets.commit()
     assert transport.committed == {P0: 7}
 
@@ -73,6 +75,8 @@ def test_a_partition_never_settled_is_never_stepped() -> None:
 
 
 class Heard:
+    offsets: Offsets | None = None
+
     def on_assigned(self, partitions: list[tuple[str, int]]) -> None:
         pass
 
@@ -85,4 +89,5 @@ class Heard:
     def on_committed(
         self, offsets: Mapping[tuple[str, int], int], error: TransportError | None
     ) -> None:
-        pass
+        if self.offsets is not None:
+            self.offsets.answered(offsets, error)
