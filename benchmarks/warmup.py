@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 
 SECONDS = 120.0
 """How long the warm-up drives the broker (by default)."""

@@ -46,21 +46,21 @@ Only ``kafka/`` imports confluent-kafka, only ``store/`` (and
 that no import circle forms.
 
 The names below load on first use (PEP 562), so importing one submodule —
-``kinbox.errors`` from ``producer_outbox``, say — does not drag in the
+``kinbox.core.errors`` from ``producer_outbox``, say — does not drag in the
 consumer's modules, confluent-kafka or OpenTelemetry.
 """
 
 from typing import TYPE_CHECKING
 
-from kinbox.lazy import exports as _exports
+from kinbox.core.lazy import exports as _exports
 
 if TYPE_CHECKING:
     from kinbox.app import App, default_app, handler
     from kinbox.apply.route import Route
-    from kinbox.cause import caused_by
-    from kinbox.config import Settings
     from kinbox.consume.envelope import Record
-    from kinbox.errors import (
+    from kinbox.core.cause import caused_by
+    from kinbox.core.config import Settings
+    from kinbox.core.errors import (
         ConfigurationError,
         DeadLetter,
         EnvelopeError,
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
         TransactionControlError,
         TransportError,
     )
-    from kinbox.event import Event
+    from kinbox.core.event import Event
     from kinbox.middleware.base import Middleware
 
 __all__ = [
@@ -110,27 +110,27 @@ __all__ = [
 # Where each public name lives; __getattr__ imports it from there on first use.
 _SOURCES = {
     "App": "kinbox.app",
-    "ConfigurationError": "kinbox.errors",
-    "DeadLetter": "kinbox.errors",
-    "EnvelopeError": "kinbox.errors",
-    "Event": "kinbox.event",
-    "FatalTransportError": "kinbox.errors",
-    "HandlerAborted": "kinbox.errors",
-    "HandlerCancelled": "kinbox.errors",
-    "InvalidPayload": "kinbox.errors",
-    "KinboxError": "kinbox.errors",
+    "ConfigurationError": "kinbox.core.errors",
+    "DeadLetter": "kinbox.core.errors",
+    "EnvelopeError": "kinbox.core.errors",
+    "Event": "kinbox.core.event",
+    "FatalTransportError": "kinbox.core.errors",
+    "HandlerAborted": "kinbox.core.errors",
+    "HandlerCancelled": "kinbox.core.errors",
+    "InvalidPayload": "kinbox.core.errors",
+    "KinboxError": "kinbox.core.errors",
     "Middleware": "kinbox.middleware.base",
-    "PayloadError": "kinbox.errors",
+    "PayloadError": "kinbox.core.errors",
     "Record": "kinbox.consume.envelope",
-    "Retry": "kinbox.errors",
+    "Retry": "kinbox.core.errors",
     "Route": "kinbox.apply.route",
-    "SchemaError": "kinbox.errors",
-    "ServiceError": "kinbox.errors",
-    "Settings": "kinbox.config",
-    "StoreError": "kinbox.errors",
-    "TransactionControlError": "kinbox.errors",
-    "TransportError": "kinbox.errors",
-    "caused_by": "kinbox.cause",
+    "SchemaError": "kinbox.core.errors",
+    "ServiceError": "kinbox.core.errors",
+    "Settings": "kinbox.core.config",
+    "StoreError": "kinbox.core.errors",
+    "TransactionControlError": "kinbox.core.errors",
+    "TransportError": "kinbox.core.errors",
+    "caused_by": "kinbox.core.cause",
     "default_app": "kinbox.app",
     "handler": "kinbox.app",
 }

@@ -2,7 +2,7 @@
 
 Decorating only records the function: no I/O, no connection. A topic
 registered twice, an illegal topic name or a non-callable fails at import
-with :class:`~kinbox.errors.ConfigurationError`, so a typo never reaches
+with :class:`~kinbox.core.errors.ConfigurationError`, so a typo never reaches
 production as a silently ignored handler.
 """
 
@@ -14,10 +14,10 @@ from typing import Any, TypeVar
 
 from kinbox.apply.kinds import kind_for
 from kinbox.apply.route import Route
-from kinbox.config import Settings
-from kinbox.errors import ConfigurationError
+from kinbox.core.config import Settings
+from kinbox.core.errors import ConfigurationError
+from kinbox.core.names import topic_name
 from kinbox.middleware.base import Middleware
-from kinbox.names import topic_name
 from kinbox.params.signature import awaits
 from kinbox.params.wrap import opens_session, prepare
 
@@ -51,8 +51,8 @@ class App:
             A list replaces the defaults; :meth:`add_middleware` appends.
         value_deserializer: the default ``value_deserializer`` of this app's
             handlers that ask for a typed payload (see :meth:`handler`);
-            handlers taking the :class:`~kinbox.event.Event` keep the raw value.
-        **settings: any other :class:`~kinbox.config.Settings` field
+            handlers taking the :class:`~kinbox.core.event.Event` keep the raw value.
+        **settings: any other :class:`~kinbox.core.config.Settings` field
             (``schema``, ``id_headers``, ``batch_max_messages``, ...); flags
             and ``KINBOX_*`` env override them.
 

@@ -38,10 +38,10 @@ The modules, along the flow of a row:
 
 from typing import TYPE_CHECKING
 
-from kinbox.lazy import exports as _exports
+from kinbox.core.lazy import exports as _exports
 
 if TYPE_CHECKING:
-    from kinbox.errors import PayloadError
+    from kinbox.core.errors import PayloadError
     from producer_outbox.cleanup import delete_sent
     from producer_outbox.config import RelayConfig
     from producer_outbox.publisher import KafkaPublisher, Outcome, Publisher
@@ -75,7 +75,7 @@ _SOURCES = {
     "OutboxRow": "producer_outbox.records",
     "OutboxStatus": "producer_outbox.status",
     "Outcome": "producer_outbox.publisher",
-    "PayloadError": "kinbox.errors",
+    "PayloadError": "kinbox.core.errors",
     "Publisher": "producer_outbox.publisher",
     "Record": "producer_outbox.records",
     "Relay": "producer_outbox.relay",

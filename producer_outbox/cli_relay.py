@@ -9,9 +9,9 @@ from types import FrameType
 
 import click
 
+from kinbox.core.otel.setup import configure as configure_telemetry
 from kinbox.ops.health import Health, HealthServer
 from kinbox.ops.logs import configure as configure_logs
-from kinbox.otel.setup import configure as configure_telemetry
 from kinbox.store.probe import ping
 from producer_outbox.cli_support import (
     connect,

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import click
 
-from kinbox.errors import ConfigurationError, TransportError
+from kinbox.core.errors import ConfigurationError, TransportError
 from producer_outbox.cleanup import delete_older, delete_sent
 from producer_outbox.cli_support import (
     RET_CONNECT,

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 import click
 import psycopg
 
-from kinbox.errors import ConfigurationError, SchemaError
-from kinbox.names import sql_identifier
+from kinbox.core.errors import ConfigurationError, SchemaError
+from kinbox.core.names import sql_identifier
 from kinbox.store.migrations import check
 from producer_outbox.schema import OUTBOX
 

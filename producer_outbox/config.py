@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from kinbox.errors import ConfigurationError
-from kinbox.names import sql_identifier
+from kinbox.core.errors import ConfigurationError
+from kinbox.core.names import sql_identifier
 
 
 @dataclass(frozen=True)

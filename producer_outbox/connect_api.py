@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kinbox.errors import ConnectorError
+from kinbox.core.errors import ConnectorError
 
 _TRACE_LINES = 6
 

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kinbox.errors import ConnectorError
+from kinbox.core.errors import ConnectorError
 
 SMT_CLASS = "dev.kinbox.connect.ExpandJsonHeader"
 """The transformation that turns the outbox's ``headers`` column into Kafka headers."""

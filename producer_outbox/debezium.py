@@ -27,7 +27,7 @@ Bytes payloads (``payload_bytes``) are relay-only: the router routes one
 payload column, and a JSON one cannot carry arbitrary bytes. Registering the
 connector adds a check constraint (:data:`CDC_CONSTRAINT`) that refuses such
 rows, and :func:`producer_outbox.enqueue` turns its violation into a
-:class:`~kinbox.errors.PayloadError`, so a bytes event fails in the business
+:class:`~kinbox.core.errors.PayloadError`, so a bytes event fails in the business
 transaction instead of vanishing downstream.
 """
 
@@ -42,8 +42,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from kinbox.errors import ConfigurationError
-from kinbox.names import sql_identifier
+from kinbox.core.errors import ConfigurationError
+from kinbox.core.names import sql_identifier
 from producer_outbox.trace_context import COLUMNS as TRACE_COLUMNS
 
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"

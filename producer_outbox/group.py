@@ -59,7 +59,7 @@ from typing import Any
 
 import psycopg
 
-from kinbox.failpoints import failpoint
+from kinbox.core.failpoints import failpoint
 from producer_outbox import claim as store
 from producer_outbox import topics
 from producer_outbox.batch import Settlement, plan, settle

@@ -45,7 +45,7 @@ from typing import Any
 
 import psycopg
 
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ Two links, both by event id:
   (when the outbox is in the database explain reads);
 - **downstream**: the rows a kinbox handler enqueued while handling the
   event carry it as ``caused_by_event_id`` (with its group in
-  ``caused_by_consumer``; see :mod:`kinbox.cause`), found through the partial
+  ``caused_by_consumer``; see :mod:`kinbox.core.cause`), found through the partial
   index ``outbox_caused_by_idx``.
 """
 

@@ -28,7 +28,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, not
     AdminClient,
 )
 
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 from kinbox.kafka.errors import ClientLog, broken, create_client, describe, is_fatal
 from producer_outbox.records import Record
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 

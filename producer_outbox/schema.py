@@ -30,7 +30,7 @@ which takes a moment on a table that holds mostly pending and parked rows
 
 Step 3 adds ``caused_by_consumer`` and ``caused_by_event_id``: when a kinbox
 handler enqueues inside its inbox transaction, the consumer group and the
-event it was handling (:mod:`kinbox.cause`), so ``kinbox explain`` can say
+event it was handling (:mod:`kinbox.core.cause`), so ``kinbox explain`` can say
 what an event's transaction enqueued. Both are NULL for rows written outside
 a handler. Like every outbox column a CDC connector may publish as a header,
 they have no ``DEFAULT`` (Debezium would publish a NULL as the default's

@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from kinbox.errors import ConnectorError
+from kinbox.core.errors import ConnectorError
 
 DEFAULT_WARN_BYTES = 1 << 30
 """Warn when a slot holds back more WAL than this (1 GiB)."""

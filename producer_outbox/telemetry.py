@@ -12,7 +12,7 @@ tens of microseconds (measured: the README's "Tracing and metrics"), which
 only a trace someone will look at should pay. With no SDK configured no span
 is made at all.
 
-**Metrics** (names, units, descriptions in :mod:`kinbox.otel.semconv`):
+**Metrics** (names, units, descriptions in :mod:`kinbox.core.otel.semconv`):
 ``messaging.client.sent.messages`` (``error.type`` on the failed ones) and
 ``messaging.client.operation.duration`` (from a send to the delivery reports
 of the rows settled together), from the conventions;
@@ -36,15 +36,15 @@ from typing import Any
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import Observation
 
-from kinbox.otel import semconv as sc
-from kinbox.otel.instruments import (
+from kinbox.core.otel import semconv as sc
+from kinbox.core.otel.instruments import (
     counter,
     histogram,
     metrics_on,
     shared_gauge,
     tracing_on,
 )
-from kinbox.otel.propagation import as_parent, formatted, parse
+from kinbox.core.otel.propagation import as_parent, formatted, parse
 from producer_outbox import trace_context
 from producer_outbox.publisher import Outcome
 from producer_outbox.records import OutboxRow, Record

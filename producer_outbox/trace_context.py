@@ -16,7 +16,7 @@ from __future__ import annotations
 from opentelemetry import trace
 from opentelemetry.context import Context
 
-from kinbox.otel.propagation import TRACEPARENT, TRACESTATE, as_parent, formatted, parse
+from kinbox.core.otel.propagation import TRACEPARENT, TRACESTATE, as_parent, formatted, parse
 
 COLUMNS = {TRACEPARENT: TRACEPARENT, TRACESTATE: TRACESTATE}
 """The outbox's trace-context columns and the record header each becomes."""

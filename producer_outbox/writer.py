@@ -24,9 +24,9 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from kinbox.cause import current as current_cause
-from kinbox.errors import ConfigurationError, PayloadError, StoreError
-from kinbox.names import sql_identifier, topic_name
+from kinbox.core.cause import current as current_cause
+from kinbox.core.errors import ConfigurationError, PayloadError, StoreError
+from kinbox.core.names import sql_identifier, topic_name
 from producer_outbox import trace_context
 from producer_outbox.debezium import CDC_CONSTRAINT
 from producer_outbox.ids import new_event_id
@@ -149,7 +149,7 @@ def enqueue(
     Nothing is published before the caller commits; a rollback discards the
     event. Called from a kinbox handler, the row also records which inbox
     event it was enqueued for (``caused_by_consumer``, ``caused_by_event_id``;
-    see :mod:`kinbox.cause`), which ``kinbox explain`` shows.
+    see :mod:`kinbox.core.cause`), which ``kinbox explain`` shows.
 
     Rows of one ``key`` go to one partition, in ``(txid, seq)`` order:
     one transaction's in the order it enqueued them; across transactions, in

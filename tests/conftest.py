@@ -19,10 +19,10 @@ from typing import NoReturn
 import psycopg
 import pytest
 
+from kinbox.core.errors import ServiceError
 from kinbox.devstack.connect import KafkaConnect
 from kinbox.devstack.postgres import PostgresServer
 from kinbox.devstack.stack import Stack, local_stack, start_connect
-from kinbox.errors import ServiceError
 from tests.support.database import drop_schema
 from tests.support.proxied import ProxiedBroker, start_proxied_broker
 from tests.support.topics import create_topic

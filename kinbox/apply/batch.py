@@ -47,7 +47,7 @@ at-least-once), and nothing is applied twice. What runs inside a
 transaction and may wait on Kafka is the user's alone: a handler or an
 ``around_event`` hook that produces and flushes.
 
-A *permanent* failure is a :class:`~kinbox.errors.DeadLetter` from the
+A *permanent* failure is a :class:`~kinbox.core.errors.DeadLetter` from the
 handler, or any exception (``Retry`` included) on the event's
 ``max_attempts``-th try. Any other handler failure rolls the transaction
 back; the events before the failed one are then applied again in a new
@@ -96,9 +96,9 @@ from kinbox.apply.outcome import BatchResult, Conflicted, Failure, Step
 from kinbox.apply.route import Route
 from kinbox.apply.skim import NOTHING, Skim, look_up
 from kinbox.consume.envelope import Record, derived_event, to_event
-from kinbox.errors import ConflictError, EnvelopeError, StoreError, TransportError
-from kinbox.event import Event
-from kinbox.failpoints import failpoint
+from kinbox.core.errors import ConflictError, EnvelopeError, StoreError, TransportError
+from kinbox.core.event import Event
+from kinbox.core.failpoints import failpoint
 from kinbox.kafka.base import Publisher
 from kinbox.middleware.base import Chain, Middleware
 from kinbox.store.base import InboxStore, InboxTransaction

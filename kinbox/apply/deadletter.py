@@ -34,8 +34,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kinbox.consume.envelope import Record
-from kinbox.describe import clean, describe, text, type_name
-from kinbox.errors import TransportError
+from kinbox.core.describe import clean, describe, text, type_name
+from kinbox.core.errors import TransportError
 from kinbox.kafka.base import Publisher
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,8 @@ HANDLER_ERROR = "handler-error"
 RETRIES_EXHAUSTED = "retries-exhausted"
 INVALID_ID = "invalid-id"
 PAYLOAD = "payload"
-"""The payload does not decode into the handler's type (:class:`~kinbox.errors.InvalidPayload`)."""
+"""The payload does not decode into the handler's type
+(:class:`~kinbox.core.errors.InvalidPayload`)."""
 REQUESTED = "dead-letter-requested"
 
 
@@ -77,7 +78,7 @@ class Letter:
     def summary(self) -> str:
         """Reason, error type and message in one line, for the log and ``processed_events``.
 
-        Never raises, and always storable (:mod:`kinbox.describe`), whatever
+        Never raises, and always storable (:mod:`kinbox.core.describe`), whatever
         the error's text holds.
         """
         return clean(f"{clean(self.reason)}: {describe(self.error)}", MAX_MESSAGE_BYTES)

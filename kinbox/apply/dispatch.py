@@ -20,8 +20,8 @@ a savepoint:
   is a failure of the event like any other;
 - a failure to retry (not the event's last try): the partition stops at the
   event (:class:`HandlerFailed`) and the events before it are applied again;
-- a permanent failure (:class:`~kinbox.errors.DeadLetter`, a payload that
-  does not decode into the handler's type (:class:`~kinbox.errors.InvalidPayload`),
+- a permanent failure (:class:`~kinbox.core.errors.DeadLetter`, a payload that
+  does not decode into the handler's type (:class:`~kinbox.core.errors.InvalidPayload`),
   or the last try):
   the :class:`Verdict` is kept and the transaction redone *carefully*, with a
   savepoint per event, so the event is dead-lettered without its handler
@@ -51,22 +51,22 @@ an event, wrap a call in the middleware's ``around_event``.
 
 Dead letters are returned, not recorded: the caller writes them into
 ``processed_events`` (:mod:`kinbox.apply.batch`). Exceptions are turned into text
-only through :mod:`kinbox.describe`, so a broken ``__str__`` cannot escape.
+only through :mod:`kinbox.core.describe`, so a broken ``__str__`` cannot escape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from kinbox import cause
 from kinbox.apply import deadletter
 from kinbox.apply.deadletter import Letter
 from kinbox.apply.outcome import Conflicted, Verdict
 from kinbox.apply.route import Route
 from kinbox.consume.envelope import Record
-from kinbox.describe import text
-from kinbox.errors import DeadLetter, InvalidPayload, Retry
-from kinbox.event import Event
+from kinbox.core import cause
+from kinbox.core.describe import text
+from kinbox.core.errors import DeadLetter, InvalidPayload, Retry
+from kinbox.core.event import Event
 from kinbox.middleware.base import Chain
 from kinbox.store.base import InboxTransaction
 
@@ -237,7 +237,7 @@ class _Calls:
         self, events: Sequence[Event], call: Callable[[Sequence[Event]], object]
     ) -> object:
         # Which event of several a row belongs to only the handler knows
-        # (kinbox.cause.caused_by); one event is unambiguous.
+        # (kinbox.core.cause.caused_by); one event is unambiguous.
         single = events[0].id if len(events) == 1 else None
         with cause.handling(self._dispatcher.consumer, single):
             return self._dispatcher.chain.around_events(events, call)

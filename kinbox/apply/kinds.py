@@ -26,10 +26,10 @@ dead-lettered in place (careful pass) or abandons the optimistic pass
 What a call raises that is no ``Exception`` is settled at the call itself
 (:func:`_called`, and :func:`_exits_kept` inside an async handler's task):
 ``SystemExit`` and ``KeyboardInterrupt`` ask the process to stop, and become
-:class:`~kinbox.errors.ExitRequested`, which no pass judges: the transaction
+:class:`~kinbox.core.errors.ExitRequested`, which no pass judges: the transaction
 rolls back and the worker stops with its own status. Any other
 ``BaseException`` (``GeneratorExit``, a library's own subclass) is the event's
-failure like any exception (:class:`~kinbox.errors.HandlerAborted`), so one
+failure like any exception (:class:`~kinbox.core.errors.HandlerAborted`), so one
 event can never end the worker on every redelivery. Inside an event loop's
 task the first two must be caught before the task sees them: asyncio lets
 them end the loop's thread, and every call waiting on it.
@@ -42,9 +42,9 @@ from typing import Any, TypeVar, cast
 
 from kinbox.apply.outcome import Abandoned, HandlerFailed, Unpipelined, Verdict
 from kinbox.apply.route import Calls, HandlerKind
-from kinbox.describe import describe
-from kinbox.errors import ExitRequested, HandlerAborted, WorkerExit
-from kinbox.event import Event
+from kinbox.core.describe import describe
+from kinbox.core.errors import ExitRequested, HandlerAborted, WorkerExit
+from kinbox.core.event import Event
 from kinbox.store.async_base import Awaiting, async_store
 from kinbox.store.base import InboxStore
 
@@ -243,7 +243,7 @@ def _called(fn: Callable[..., T], subject: Event | list[Event], *args: Any) -> T
     Raises:
         ExitRequested: the call raised ``SystemExit`` or ``KeyboardInterrupt``.
         HandlerAborted: the call raised another ``BaseException`` (not a
-            :class:`~kinbox.errors.WorkerExit`, which passes unchanged).
+            :class:`~kinbox.core.errors.WorkerExit`, which passes unchanged).
     """
     try:
         return fn(subject, *args)

@@ -91,8 +91,8 @@ from kinbox.apply.outcome import (
     Verdict,
 )
 from kinbox.consume.envelope import Record, derived_event, derived_id, unstorable_id
-from kinbox.errors import EnvelopeError, StoreError, TransportError
-from kinbox.event import Event
+from kinbox.core.errors import EnvelopeError, StoreError, TransportError
+from kinbox.core.event import Event
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ Apply = Callable[[list[Event], Plan], Tally]
 Raises :class:`Refused`, :class:`Unsent`,
 :class:`~kinbox.apply.outcome.HandlerFailed`, :class:`~kinbox.apply.outcome.Abandoned`,
 :class:`~kinbox.apply.outcome.Unpipelined`, :class:`~kinbox.apply.outcome.Conflicted`
-(only while the plan says to retry conflicts), or :class:`~kinbox.errors.StoreError`
+(only while the plan says to retry conflicts), or :class:`~kinbox.core.errors.StoreError`
 for what must wait.
 """
 

@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kinbox.describe import describe
-from kinbox.errors import EnvelopeError, StoreError, TransportError
+from kinbox.core.describe import describe
+from kinbox.core.errors import EnvelopeError, StoreError, TransportError
 
 if TYPE_CHECKING:
     from kinbox.apply.deadletter import Letter
     from kinbox.consume.envelope import Record
-    from kinbox.event import Event
+    from kinbox.core.event import Event
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ class Unpipelined(Exception):
 class Conflicted(Exception):
     """The server aborted the transaction over a conflict with another: roll back, redo at once.
 
-    A serialization failure or a deadlock (:class:`~kinbox.errors.ConflictError`),
+    A serialization failure or a deadlock (:class:`~kinbox.core.errors.ConflictError`),
     met by ``event``'s handler, or (``event`` ``None``) by kinbox's own
     statement or COMMIT. Not a try of any event; :mod:`kinbox.apply.narrow`
     bounds how many come in a row.

@@ -18,7 +18,7 @@ from typing import Literal, Protocol
 import tenacity
 
 from kinbox.apply.outcome import Failure
-from kinbox.errors import Retry
+from kinbox.core.errors import Retry
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class FailurePolicy(Protocol):
 class RetryPolicy:
     """Retry every failure, backing off exponentially (tenacity's wait with jitter).
 
-    A handler raising :class:`~kinbox.errors.Retry` chooses its own delay.
+    A handler raising :class:`~kinbox.core.errors.Retry` chooses its own delay.
     """
 
     def __init__(self, initial: float = 0.5, maximum: float = 30.0) -> None:

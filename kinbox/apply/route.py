@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kinbox.event import Event
+from kinbox.core.event import Event
 
 if TYPE_CHECKING:
     from kinbox.store.base import InboxStore, InboxTransaction

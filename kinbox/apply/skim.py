@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 from kinbox.apply import deadletter
 from kinbox.apply.outcome import BatchResult
-from kinbox.errors import StoreError
-from kinbox.event import Event
+from kinbox.core.errors import StoreError
+from kinbox.core.event import Event
 from kinbox.store.base import InboxStore
 
 log = logging.getLogger(__name__)

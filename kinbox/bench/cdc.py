@@ -47,7 +47,7 @@ from kinbox.bench.effects import CheckFailed
 from kinbox.bench.outbox import commit_backlog, timed_latency
 from kinbox.bench.resources import PARTITIONS
 from kinbox.bench.results import RunResult
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 from producer_outbox.connect_api import ConnectClient
 from producer_outbox.slots import drop_slot
 

@@ -3,7 +3,7 @@
 Reads its :class:`~kinbox.bench.spec.ChildSpec` from ``KINBOX_BENCH_SPEC``,
 runs the contender until SIGTERM, exits 0. ``KINBOX_FAILPOINTS`` arms the
 kill between database commit and offset commit (every contender calls
-:func:`kinbox.failpoints.failpoint` there).
+:func:`kinbox.core.failpoints.failpoint` there).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from kinbox.bench.scenarios import BY_NAME as SCENARIO_NAMES
 from kinbox.bench.scenarios import SCENARIOS, Scenario
 from kinbox.bench.spec import EVENT_IDS, PRODUCER_PROFILES, Sizes, Target
 from kinbox.cli.support import EXIT_CONFIG, die, parse_kafka_overrides
-from kinbox.errors import ConfigurationError, KinboxError
+from kinbox.core.errors import ConfigurationError, KinboxError
 
 EXIT_FAILED = 1
 """A run failed its check (or did not finish): its figure is not reported."""

@@ -16,7 +16,7 @@ from kinbox.bench.contenders import Contender
 from kinbox.bench.process import Child, start_contender
 from kinbox.bench.resources import PARTITIONS, Namespace
 from kinbox.bench.spec import ChildSpec, Sizes, Target
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 
 
 @dataclass

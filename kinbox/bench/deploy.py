@@ -19,7 +19,7 @@ from pathlib import Path
 from kinbox.bench.contenders import Contender
 from kinbox.bench.process import Child, start_contender
 from kinbox.bench.spec import ChildSpec
-from kinbox.config import ENV_PREFIX
+from kinbox.core.config import ENV_PREFIX
 
 KEPT = ("KINBOX_FAILPOINTS",)
 """``KINBOX_*`` variables a deployed worker keeps (set by the harness, not by a shell)."""

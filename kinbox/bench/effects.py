@@ -22,7 +22,7 @@ import psycopg
 from psycopg import sql
 
 from kinbox.bench.results import percentiles
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 
 COLUMNS = ("event_id", "partition", "offset", "user_id", "lesson_id", "sent_at")
 """What a handler writes per event (``applied_at`` fills itself)."""

@@ -28,7 +28,7 @@ from kinbox.bench.resources import Interrupted, Namespace
 from kinbox.bench.results import UNTIMED, RunResult
 from kinbox.bench.scenarios import EMPTY, Scenario
 from kinbox.bench.spec import Sizes, Target
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 
 log = logging.getLogger(__name__)
 

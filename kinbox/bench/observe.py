@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from kinbox.bench.spec import Target
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 from kinbox.kafka.errors import translate
 
 INTERVAL = 0.02

@@ -32,7 +32,7 @@ from kinbox.bench import effects, outbox_sql
 from kinbox.bench.context import Context
 from kinbox.bench.process import Child
 from kinbox.bench.results import RunResult, percentiles
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 
 
 def _relay(ctx: Context, schema: str, name: str) -> Child:

@@ -28,7 +28,7 @@ from psycopg import sql
 
 from kinbox.bench.context import Context
 from kinbox.bench.resources import PARTITIONS
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 from producer_outbox.ids import new_event_id
 from producer_outbox.schema import notify_channel
 

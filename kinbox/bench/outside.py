@@ -52,7 +52,7 @@ from kinbox.bench.results import RunResult, percentiles
 from kinbox.bench.runs import Job, Stage, check, prepare, stop, watch
 from kinbox.bench.spec import Sizes
 from kinbox.bench.spread import spread
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 from kinbox.ops import stamps
 
 KEYS = 50

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from kinbox.bench.spec import ChildSpec
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 
 _PR_SET_PDEATHSIG = 1
 
@@ -144,7 +144,7 @@ def start_contender(
         name: the process's name in logs (and its log file's).
         log_dir: where the log file goes.
         failpoints: ``KINBOX_FAILPOINTS`` for the child (every contender honours
-            ``after_db_commit=kill@N``: see :mod:`kinbox.failpoints`).
+            ``after_db_commit=kill@N``: see :mod:`kinbox.core.failpoints`).
         env: more environment.
     """
     env = {**(env or {}), ChildSpec.ENV: spec.to_json(), "KINBOX_FAILPOINTS": failpoints}

@@ -25,7 +25,7 @@ from kinbox.bench.harness import Outcome
 from kinbox.bench.results import Summary, find, summarise
 from kinbox.bench.scenarios import TITLES, title
 from kinbox.bench.spec import Sizes, Target
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 
 OUTBOX_LABELS = {
     "relay": "outbox relay",

@@ -25,7 +25,7 @@ from confluent_kafka.cimpl import NewTopic
 from psycopg import sql
 
 from kinbox.bench.spec import Target
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from kinbox.bench.context import Context
 from kinbox.bench.observe import INTERVAL, Progress, Stuck
 from kinbox.bench.process import Child
 from kinbox.bench.results import UNTIMED, RunResult
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9_]{2,39}$")
 """A namespace prefix: legal both as a PostgreSQL identifier and inside a topic name."""

@@ -29,7 +29,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, Message, Prod
 from confluent_kafka import Consumer as _Consumer
 
 from kinbox.bench.spec import Target
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 from producer_outbox.ids import from_stamp, stamp_of
 
 ID_HEADER = "event-id"

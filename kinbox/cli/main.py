@@ -35,7 +35,7 @@ from kinbox.cli.support import (
 from kinbox.cli.support import die as _die
 from kinbox.cli.support import guard as _guard
 from kinbox.cli.support import parse_kafka_overrides as _kafka_overrides
-from kinbox.config import Settings
+from kinbox.core.config import Settings
 from kinbox.store.decisions import CONSOLE
 from kinbox.store.migrations import Component, render
 from kinbox.store.schema import INBOX

@@ -9,8 +9,8 @@ import click
 
 from kinbox.apply import deadletter
 from kinbox.cli.support import guard, parse_kafka_overrides
-from kinbox.config import Settings
-from kinbox.names import topic_name
+from kinbox.core.config import Settings
+from kinbox.core.names import topic_name
 
 
 @click.group()

@@ -21,7 +21,7 @@ from kinbox.cli.support import (
     load_settings,
     parse_duration,
 )
-from kinbox.errors import TransportError
+from kinbox.core.errors import TransportError
 from kinbox.ops.retention import Guard, floor, guards
 
 RISK = (

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 from kinbox.ops.exits import EXIT_BAD_INPUT as EXIT_BAD_INPUT
 from kinbox.ops.exits import EXIT_CONFIG as EXIT_CONFIG
 from kinbox.ops.exits import EXIT_CONNECT as EXIT_CONNECT
@@ -33,7 +33,7 @@ from kinbox.ops.exits import status_of
 
 if TYPE_CHECKING:
     from kinbox.app import App
-    from kinbox.config import Settings
+    from kinbox.core.config import Settings
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -75,7 +75,7 @@ def load_settings(
     kafka: Sequence[str],
 ) -> Settings:
     """The options of :func:`connection_options` > ``KINBOX_*`` env > defaults; needs a database."""
-    from kinbox.config import Settings
+    from kinbox.core.config import Settings
 
     flags = {
         "bootstrap_servers": bootstrap_servers,

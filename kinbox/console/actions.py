@@ -22,7 +22,7 @@ from kinbox.console.app_support import console_of, json_of, render, who
 from kinbox.console.auth import COOKIE, CSRF_FIELD, Gate, Identity, safe_next
 from kinbox.console.decide import Outcome
 from kinbox.console.fingerprint import is_fingerprint
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 
 VERBS = ("replay", "discard")
 ROW_VERBS = ("requeue", "discard")

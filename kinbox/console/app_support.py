@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from kinbox.console.auth import CSRF_FIELD, Identity
 from kinbox.console.state import Console
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 
 
 def console_of(request: Request) -> Console:

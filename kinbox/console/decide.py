@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kinbox.apply import deadletter
-from kinbox.config import Settings
 from kinbox.console.letters import Letter
 from kinbox.console.parked import ParkedKeySource
-from kinbox.errors import KinboxError
+from kinbox.core.config import Settings
+from kinbox.core.errors import KinboxError
 from kinbox.kafka.base import Publisher
 from kinbox.store.decisions import DecidedRecord, DecisionLog
 from kinbox.store.inspect import InboxReader

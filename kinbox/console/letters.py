@@ -26,10 +26,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kinbox.apply.deadletter import PREFIX, header
-from kinbox.config import Settings
 from kinbox.console.fingerprint import Cause, cause
 from kinbox.consume.envelope import Record, event_id
-from kinbox.errors import EnvelopeError
+from kinbox.core.config import Settings
+from kinbox.core.errors import EnvelopeError
 from kinbox.kafka.inspect import Inspector
 from kinbox.kafka.producer import producer_config
 from kinbox.kafka.reader import read_tail

@@ -14,9 +14,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kinbox.config import Settings
 from kinbox.console.letters import Scan, TopicCount
-from kinbox.errors import KinboxError
+from kinbox.core.config import Settings
+from kinbox.core.errors import KinboxError
 from kinbox.ops.status import StatusReport, gather
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kinbox.config import Settings
-from kinbox.errors import KinboxError
+from kinbox.core.config import Settings
+from kinbox.core.errors import KinboxError
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Secrets never reach a page, a JSON answer or a log line of the console.
 
-Two nets. :func:`kinbox.config.redact_url` masks the password of anything
+Two nets. :func:`kinbox.core.config.redact_url` masks the password of anything
 shaped like a database URL or conninfo, wherever it came from. And a
 :class:`Scrubber` knows the secrets themselves — the database password (as
 written and URL-decoded), secret ``-X`` values, the access token — and
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from markupsafe import Markup, escape
 
-from kinbox.config import MASK, redact_url
+from kinbox.core.config import MASK, redact_url
 
 
 class Scrubber:

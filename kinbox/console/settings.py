@@ -6,8 +6,8 @@ import ipaddress
 import secrets
 from dataclasses import dataclass, field
 
-from kinbox.config import Settings
-from kinbox.errors import ConfigurationError
+from kinbox.core.config import Settings
+from kinbox.core.errors import ConfigurationError
 
 DEFAULT_PORT = 8470
 MIN_TOKEN_CHARS = 16
@@ -20,7 +20,7 @@ def new_token() -> str:
 
 @dataclass(frozen=True, repr=False)
 class ConsoleSettings:
-    """The console's own settings, beside the connection :class:`~kinbox.config.Settings`.
+    """The console's own settings, beside the connection :class:`~kinbox.core.config.Settings`.
 
     Attributes:
         connection: Kafka, PostgreSQL and the schema (``kinbox status``'s).

@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from kinbox.config import Settings
 from kinbox.console.auth import Gate
 from kinbox.console.decide import Actions
 from kinbox.console.letters import Letter, Scan, scan
@@ -21,6 +20,7 @@ from kinbox.console.parked import ParkedKeySource, source
 from kinbox.console.redact import Scrubber
 from kinbox.console.sampler import Sampler
 from kinbox.console.settings import ConsoleSettings
+from kinbox.core.config import Settings
 from kinbox.kafka.base import Publisher
 from kinbox.store.decisions import DecisionLog
 

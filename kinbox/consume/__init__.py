@@ -2,7 +2,7 @@
 
 =============  ================================================================
 ``envelope``   :class:`Record` (a consumed record, driver-free) and its event
-               id: record → :class:`~kinbox.event.Event`
+               id: record → :class:`~kinbox.core.event.Event`
 ``runner``     the loop: poll, split by partition, hand batches over, commit
                offsets; the rebalance callbacks
 ``inflight``   the batch running on its worker thread while polling goes on

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from kinbox.apply.outcome import Failure
 from kinbox.apply.policy import FailurePolicy
-from kinbox.describe import describe, text
-from kinbox.errors import EnvelopeError
+from kinbox.core.describe import describe, text
+from kinbox.core.errors import EnvelopeError
 from kinbox.kafka.base import Partition, Transport
 
 log = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ from enum import Enum
 from kinbox.apply import deadletter
 from kinbox.apply.outcome import BatchResult
 from kinbox.consume.envelope import Record
-from kinbox.describe import describe
+from kinbox.core.describe import describe
 from kinbox.kafka.base import Partition, Transport
 
 log = logging.getLogger(__name__)

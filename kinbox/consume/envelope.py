@@ -1,8 +1,8 @@
-"""Turn a Kafka record into an :class:`~kinbox.event.Event`, or say why not.
+"""Turn a Kafka record into an :class:`~kinbox.core.event.Event`, or say why not.
 
 The event id comes from the first configured header present (``event-id``,
 then CloudEvents' ``ce_id``, then Debezium's ``id`` by default). A record
-whose id is missing or malformed raises :class:`~kinbox.errors.EnvelopeError`
+whose id is missing or malformed raises :class:`~kinbox.core.errors.EnvelopeError`
 carrying topic/partition/offset; the runner hands it to the failure policy,
 so bad input never crashes the loop and is never skipped silently.
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from kinbox.describe import text
-from kinbox.errors import EnvelopeError, StoreError
-from kinbox.event import Event
+from kinbox.core.describe import text
+from kinbox.core.errors import EnvelopeError, StoreError
+from kinbox.core.event import Event
 
 MAX_ID_BYTES = 255
 """Longest event id accepted, in UTF-8 bytes (the ``event_id`` column holds text)."""

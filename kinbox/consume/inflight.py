@@ -29,7 +29,7 @@ stack, every :data:`STUCK_AFTER` seconds.
 
 A batch thread ends a batch that raised ``SystemExit`` or
 ``KeyboardInterrupt`` (a middleware hook's: a handler's own is settled at
-its call) with :class:`~kinbox.errors.ExitRequested` instead, so it reaches
+its call) with :class:`~kinbox.core.errors.ExitRequested` instead, so it reaches
 the polling thread as a request to stop the worker, not as the process's
 exit status.
 """
@@ -47,8 +47,8 @@ from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
 
 from kinbox.apply.outcome import BatchResult
-from kinbox.describe import describe
-from kinbox.errors import ExitRequested
+from kinbox.core.describe import describe
+from kinbox.core.errors import ExitRequested
 from kinbox.kafka.base import Partition
 
 log = logging.getLogger(__name__)

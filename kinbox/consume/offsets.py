@@ -52,7 +52,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from kinbox.errors import FatalTransportError, TransportError
+from kinbox.core.errors import FatalTransportError, TransportError
 from kinbox.kafka.base import Partition, Transport
 
 log = logging.getLogger(__name__)

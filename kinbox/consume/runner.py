@@ -53,7 +53,6 @@ from kinbox.apply.batch import BatchProcessor
 from kinbox.apply.outcome import BatchResult
 from kinbox.apply.policy import FailurePolicy, RetryPolicy
 from kinbox.apply.skim import RUN_BATCHES, worth_skimming
-from kinbox.config import Settings
 from kinbox.consume.backoff import Backoff
 from kinbox.consume.breaker import Breaker, State
 from kinbox.consume.envelope import Record
@@ -61,8 +60,9 @@ from kinbox.consume.inflight import HOLD_AFTER, InFlight
 from kinbox.consume.lag import LagBoard
 from kinbox.consume.lanes import Lanes
 from kinbox.consume.offsets import Offsets
-from kinbox.describe import describe
-from kinbox.errors import ConfigurationError, FatalTransportError, KinboxError, TransportError
+from kinbox.core.config import Settings
+from kinbox.core.describe import describe
+from kinbox.core.errors import ConfigurationError, FatalTransportError, KinboxError, TransportError
 from kinbox.kafka.base import Partition, Publisher, Transport
 from kinbox.middleware.base import Chain, WorkerInfo
 from kinbox.store.base import InboxStore

@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 from confluent_kafka.admin import AdminClient
 
+from kinbox.core.errors import ServiceError
 from kinbox.devstack.kafka import KafkaBroker, new_cluster_id
 from kinbox.devstack.process import free_port
-from kinbox.errors import ServiceError
 
 NODE_HEAP = "512m"
 """Largest JVM heap of one node of a cluster."""

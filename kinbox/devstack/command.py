@@ -9,8 +9,8 @@ from types import FrameType
 
 import click
 
+from kinbox.core.errors import ServiceError
 from kinbox.devstack.stack import Stack, local_stack
-from kinbox.errors import ServiceError
 
 READY_LINE = "kinbox dev: ready"
 """Printed once both services accept connections (tests and scripts wait for it)."""

@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from kinbox.core.errors import ServiceError
 from kinbox.devstack.connect_jars import (
     connect_libs,
     connect_version,
@@ -25,7 +26,6 @@ from kinbox.devstack.connect_jars import (
     smt_plugin,
 )
 from kinbox.devstack.process import LocalService, ServiceProcess, free_port, port_open
-from kinbox.errors import ServiceError
 
 _MAIN = "org.apache.kafka.connect.cli.ConnectDistributed"
 

@@ -28,8 +28,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from kinbox.core.errors import ConnectorError, ServiceError
 from kinbox.devstack.kafka_jars import LOG4J_VERSION, SLF4J_VERSION, cache_root, resolve_maven
-from kinbox.errors import ConnectorError, ServiceError
 from producer_outbox.connect_plugin import SMT_SOURCE, build_smt_jar
 
 DEBEZIUM_VERSION = "3.6.1.Final"

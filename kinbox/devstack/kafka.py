@@ -18,9 +18,9 @@ import uuid
 
 from confluent_kafka.admin import AdminClient
 
+from kinbox.core.errors import ServiceError
 from kinbox.devstack.kafka_jars import broker_classpath
 from kinbox.devstack.process import LocalService, ServiceProcess, free_port, port_open
-from kinbox.errors import ServiceError
 
 _MAIN = "kafka.Kafka"
 _STORAGE_TOOL = "kafka.tools.StorageTool"

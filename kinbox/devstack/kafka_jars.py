@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from kinbox.errors import ServiceError
+from kinbox.core.errors import ServiceError
 
 KAFKA_VERSION = "4.1.1"
 """The broker version the local stack runs (override with ``KINBOX_KAFKA_VERSION``)."""

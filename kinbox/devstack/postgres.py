@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psycopg
 
+from kinbox.core.errors import ServiceError
 from kinbox.devstack.process import LocalService, ServiceProcess, free_port, port_open
-from kinbox.errors import ServiceError
 
 DATABASE = "kinbox"
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from kinbox.errors import ServiceError
+from kinbox.core.errors import ServiceError
 from kinbox.ops.lifeline import die_with_parent
 
 

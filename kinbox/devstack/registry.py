@@ -30,9 +30,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from kinbox.core.errors import ServiceError
 from kinbox.devstack.kafka_jars import cache_root, resolve_maven
 from kinbox.devstack.process import LocalService, ServiceProcess, free_port, port_open
-from kinbox.errors import ServiceError
 
 APICURIO_VERSION = "3.3.3"
 """The Apicurio Registry release (override with ``KINBOX_APICURIO_VERSION``)."""

@@ -11,7 +11,7 @@
 ``inspect``        groups, offsets, record timestamps, topic retention: what
                    ``kinbox status`` and the retention guards ask the broker
 ``errors``         fatal errors, refused configuration, ``KafkaException`` →
-                   :class:`~kinbox.errors.TransportError`
+                   :class:`~kinbox.core.errors.TransportError`
 =================  ==========================================================
 
 The names below load on first use (PEP 562), so ``producer_outbox`` can use
@@ -20,7 +20,7 @@ The names below load on first use (PEP 562), so ``producer_outbox`` can use
 
 from typing import TYPE_CHECKING
 
-from kinbox.lazy import exports as _exports
+from kinbox.core.lazy import exports as _exports
 
 if TYPE_CHECKING:
     from kinbox.kafka.base import Partition, Publisher, RebalanceListener, Transport

@@ -34,8 +34,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, not
 )
 from confluent_kafka.cimpl import NewTopic
 
-from kinbox.config import Settings
-from kinbox.errors import ConfigurationError, TransportError
+from kinbox.core.config import Settings
+from kinbox.core.errors import ConfigurationError, TransportError
 from kinbox.kafka.errors import create_client, translate
 from kinbox.kafka.producer import producer_config
 

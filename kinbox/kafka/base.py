@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from kinbox.consume.envelope import Record
-    from kinbox.errors import TransportError
+    from kinbox.core.errors import TransportError
 
 Partition = tuple[str, int]
 """A (topic, partition) pair."""

@@ -2,7 +2,7 @@
 
 Every ``KafkaException`` leaving kinbox's Kafka code passes through
 :func:`translate`, which decides ``retriable``: false when the group has moved
-on and a commit must be dropped, and a :class:`~kinbox.errors.FatalTransportError`
+on and a commit must be dropped, and a :class:`~kinbox.core.errors.FatalTransportError`
 when the client instance is fatally broken.
 
 **Fatal errors.** librdkafka raises a fatal error when a client instance can
@@ -55,7 +55,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
-from kinbox.errors import ConfigurationError, FatalTransportError, TransportError
+from kinbox.core.errors import ConfigurationError, FatalTransportError, TransportError
 
 Client = TypeVar("Client")
 

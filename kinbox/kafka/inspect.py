@@ -6,7 +6,7 @@ given offset (the oldest unprocessed one, the oldest one still kept), and a
 topic's retention. Nothing here joins a group or commits: records are read
 by a group-less, ``assign()``-ed consumer, as :mod:`kinbox.kafka.reader` does.
 
-Every ``KafkaException`` becomes a :class:`~kinbox.errors.TransportError`.
+Every ``KafkaException`` becomes a :class:`~kinbox.core.errors.TransportError`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, not
     OffsetSpec,
 )
 
-from kinbox.errors import TransportError
+from kinbox.core.errors import TransportError
 from kinbox.kafka.base import Partition
 from kinbox.kafka.errors import create_client, translate
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from kinbox.config import Settings
-from kinbox.errors import TransportError
+from kinbox.core.config import Settings
+from kinbox.core.errors import TransportError
 from kinbox.kafka.errors import ClientLog, broken, create_client, describe, is_fatal, translate
 
 log = logging.getLogger(__name__)

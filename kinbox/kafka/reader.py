@@ -15,9 +15,9 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from kinbox.config import Settings
 from kinbox.consume.envelope import Record
-from kinbox.errors import TransportError
+from kinbox.core.config import Settings
+from kinbox.core.errors import TransportError
 from kinbox.kafka.consumer import consumer_config, to_record
 from kinbox.kafka.errors import create_client, translate
 

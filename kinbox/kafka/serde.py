@@ -14,7 +14,7 @@ What a failure means:
   bad for good, dead-lettered with reason ``payload``;
 - the registry cannot be reached or answers with a server error (5xx, 408,
   429), or the connection fails: nothing is wrong with the record, so it is
-  :class:`~kinbox.errors.Retry` — tried again after a pause (it counts as a
+  :class:`~kinbox.core.errors.Retry` — tried again after a pause (it counts as a
   try; schemas are cached by id, so only records with a schema this worker has
   not fetched yet need the registry).
 """
@@ -26,9 +26,9 @@ from collections.abc import Callable
 
 from confluent_kafka.serialization import Deserializer, MessageField, SerializationContext
 
-from kinbox.describe import describe
-from kinbox.errors import Retry
-from kinbox.event import Event
+from kinbox.core.describe import describe
+from kinbox.core.errors import Retry
+from kinbox.core.event import Event
 
 _UNAVAILABLE_STATUS = frozenset({408, 429})
 REGISTRY_RETRY_DELAY = 1.0

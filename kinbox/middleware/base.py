@@ -59,10 +59,10 @@ from kinbox.apply.outcome import BatchResult, Step
 
 if TYPE_CHECKING:
     from kinbox.apply.deadletter import Letter
-    from kinbox.config import Settings
     from kinbox.consume.envelope import Record
     from kinbox.consume.lag import LagBoard
-    from kinbox.event import Event
+    from kinbox.core.config import Settings
+    from kinbox.core.event import Event
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The worker's metrics: kinbox's instruments on one meter, and what each records.
 
-The instruments and their units and descriptions are :mod:`kinbox.otel.semconv`'s;
+The instruments and their units and descriptions are :mod:`kinbox.core.otel.semconv`'s;
 the telemetry middleware (:mod:`.telemetry`) calls these at its hooks. The
 attributes of the conventions' instruments are made once per topic, so a
 handler call builds no dict for them. ``messaging.process.duration`` is
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from opentelemetry import metrics
 from opentelemetry.metrics import Observation
 
+from kinbox.core.otel import semconv as sc
+from kinbox.core.otel.instruments import counter, histogram, shared_gauge
+from kinbox.core.otel.semconv import error_type
 from kinbox.middleware.spans import Attributes
-from kinbox.otel import semconv as sc
-from kinbox.otel.instruments import counter, histogram, shared_gauge
-from kinbox.otel.semconv import error_type
 
 if TYPE_CHECKING:
     from kinbox.apply.outcome import BatchResult, Step

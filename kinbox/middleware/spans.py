@@ -18,13 +18,13 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.util.types import AttributeValue
 
-from kinbox.describe import describe
-from kinbox.otel import semconv as sc
-from kinbox.otel.propagation import as_parent, creation_context
-from kinbox.otel.semconv import error_type, key_text
+from kinbox.core.describe import describe
+from kinbox.core.otel import semconv as sc
+from kinbox.core.otel.propagation import as_parent, creation_context
+from kinbox.core.otel.semconv import error_type, key_text
 
 if TYPE_CHECKING:
-    from kinbox.event import Event
+    from kinbox.core.event import Event
 
 MAX_LINKS = 128
 """Most creation contexts a batch handler's span links (the SDK's default link limit)."""

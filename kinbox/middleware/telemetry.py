@@ -1,6 +1,6 @@
 """OpenTelemetry as a middleware: spans for every batch and handler call, and the metrics.
 
-Spans (names and attributes in :mod:`kinbox.otel.semconv`; the messaging
+Spans (names and attributes in :mod:`kinbox.core.otel.semconv`; the messaging
 conventions' current names):
 
 - ``kinbox.batch`` (INTERNAL), one per partition batch, current while it
@@ -20,7 +20,7 @@ conventions' current names):
   and a link to each event's creation context (at most
   :data:`~kinbox.middleware.spans.MAX_LINKS`).
   Its parent is the record's creation context (its ``traceparent``) or the
-  batch span, by ``trace_context`` (:data:`kinbox.config.TRACE_CONTEXT_MODES`);
+  batch span, by ``trace_context`` (:data:`kinbox.core.config.TRACE_CONTEXT_MODES`);
   parented on the producer, it links the batch span, as the conventions ask
   of a process span run inside another span.
 
@@ -32,7 +32,7 @@ not happen and skew the duration histogram with calls that do nothing. The
 batch span, which covers every record of the batch, links the duplicate's
 creation context instead, so the producer's trace still leads to it.
 
-Metrics (:mod:`.meters`; units and descriptions in :mod:`kinbox.otel.semconv`):
+Metrics (:mod:`.meters`; units and descriptions in :mod:`kinbox.core.otel.semconv`):
 ``messaging.process.duration`` and ``messaging.client.consumed.messages``
 (the conventions'), kinbox's
 counters ``kinbox.events.received``, ``.applied``, ``.duplicate``,
@@ -63,20 +63,20 @@ from typing import TYPE_CHECKING
 from opentelemetry import context, metrics, trace
 from opentelemetry.context import Context
 
-from kinbox.describe import describe
+from kinbox.core.describe import describe
+from kinbox.core.otel import semconv as sc
+from kinbox.core.otel.instruments import metrics_on, tracing_on
+from kinbox.core.otel.propagation import creation_context
+from kinbox.core.otel.semconv import error_type
 from kinbox.middleware.base import Middleware, WorkerInfo
 from kinbox.middleware.meters import Meters
 from kinbox.middleware.spans import Attributes, mark_failed, process_span
-from kinbox.otel import semconv as sc
-from kinbox.otel.instruments import metrics_on, tracing_on
-from kinbox.otel.propagation import creation_context
-from kinbox.otel.semconv import error_type
 
 if TYPE_CHECKING:
     from kinbox.apply.deadletter import Letter
     from kinbox.apply.outcome import BatchResult, Step
     from kinbox.consume.envelope import Record
-    from kinbox.event import Event
+    from kinbox.core.event import Event
 
 
 @dataclass
@@ -95,7 +95,7 @@ class Telemetry(Middleware):
         tracer_provider: where spans go; ``None``: the global provider.
         meter_provider: where metrics go; ``None``: the global provider.
         trace_context: ``auto``, ``parent`` or ``link``
-            (:data:`kinbox.config.TRACE_CONTEXT_MODES`); ``None``: the
+            (:data:`kinbox.core.config.TRACE_CONTEXT_MODES`); ``None``: the
             worker's ``trace_context`` setting.
     """
 

@@ -25,7 +25,7 @@ the error tree.
 
 from __future__ import annotations
 
-from kinbox.errors import (
+from kinbox.core.errors import (
     ConfigurationError,
     EnvelopeError,
     ExitRequested,

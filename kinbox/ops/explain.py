@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinbox.config import Settings
-from kinbox.errors import SchemaError
+from kinbox.core.config import Settings
+from kinbox.core.errors import SchemaError
 from kinbox.store import migrations
 from kinbox.store.inspect import InboxReader, Processed
 from producer_outbox.links import OutboxEntry, caused_by, source

@@ -37,7 +37,7 @@ from kinbox.kafka.base import ForwardingTransport, Partition, RebalanceListener
 
 if TYPE_CHECKING:
     from kinbox.consume.envelope import Record
-    from kinbox.errors import TransportError
+    from kinbox.core.errors import TransportError
     from kinbox.kafka.base import Transport
 
 log = logging.getLogger(__name__)

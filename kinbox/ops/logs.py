@@ -8,7 +8,7 @@ traceback) when there is one. Values that are not JSON become their
 ``str()``.
 
 Never a secret: both formats pass the message, the extra fields and the
-traceback through :func:`kinbox.config.redact_url`, the masking the
+traceback through :func:`kinbox.core.config.redact_url`, the masking the
 settings use, so a password in a PostgreSQL URL or conninfo is ``***``
 even where a log site (or a library's exception text) quotes one.
 """
@@ -21,7 +21,7 @@ import logging
 import sys
 from typing import Any
 
-from kinbox.config import redact_url
+from kinbox.core.config import redact_url
 
 _HANDLER = "kinbox"
 

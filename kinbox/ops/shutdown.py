@@ -28,8 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import NoReturn
 
-from kinbox.describe import describe
-from kinbox.errors import ThreadDied
+from kinbox.core.describe import describe
+from kinbox.core.errors import ThreadDied
 
 log = logging.getLogger("kinbox.ops.worker")
 
@@ -90,7 +90,7 @@ def watch_threads(on_death: Callable[[ThreadDied], None]) -> None:
     Installs ``threading.excepthook`` for the process; the deaths of threads
     whose names do not begin with :data:`THREAD_PREFIX` go to the hook there
     was before. (A thread that ends on ``SystemExit`` reaches no hook:
-    kinbox's own threads turn it into :class:`~kinbox.errors.ThreadDied` first.)
+    kinbox's own threads turn it into :class:`~kinbox.core.errors.ThreadDied` first.)
     """
     previous = threading.excepthook
 

@@ -36,8 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from kinbox.apply.outcome import Step
 from kinbox.consume.envelope import Record
-from kinbox.errors import ConfigurationError, TransportError
-from kinbox.event import Event
+from kinbox.core.errors import ConfigurationError, TransportError
+from kinbox.core.event import Event
 from kinbox.kafka.base import ForwardingTransport, Partition, RebalanceListener, Transport
 from kinbox.middleware.base import Middleware, WorkerInfo
 

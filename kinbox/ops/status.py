@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from kinbox.config import Settings
-from kinbox.errors import SchemaError
+from kinbox.core.config import Settings
+from kinbox.core.errors import SchemaError
 from kinbox.kafka.inspect import Inspector
 from kinbox.kafka.producer import producer_config
 from kinbox.ops.lag import GroupLag, read_lag

@@ -8,7 +8,7 @@
   supervisor killed even with SIGKILL leaves no member consuming on its own;
   each stops as on a SIGTERM of its own (the batch in hand, then its offsets).
 - **Static membership.** With ``-X group.instance.id=svc``, member *i* is
-  ``svc-i`` (:meth:`~kinbox.config.Settings.for_member`): one static id
+  ``svc-i`` (:meth:`~kinbox.core.config.Settings.for_member`): one static id
   names one member, so N processes sharing it would fence each other.
 - **Signals.** SIGTERM/SIGINT to the supervisor is forwarded to every member
   as one SIGTERM per signal received: the first stops them gracefully, a

@@ -29,10 +29,12 @@ from types import FrameType
 from typing import Any
 
 from kinbox.app import App, default_app
-from kinbox.config import Settings
 from kinbox.consume.lag import LagBoard
 from kinbox.consume.runner import Runner
-from kinbox.errors import ConfigurationError, KinboxError, ThreadDied
+from kinbox.core.config import Settings
+from kinbox.core.errors import ConfigurationError, KinboxError, ThreadDied
+from kinbox.core.otel.instruments import metrics_on
+from kinbox.core.otel.setup import configure as configure_telemetry
 from kinbox.kafka import KafkaPublisher, KafkaTransport
 from kinbox.kafka.admin import check_dead_letter_topics
 from kinbox.kafka.base import Transport
@@ -40,8 +42,6 @@ from kinbox.ops import stamps
 from kinbox.ops.exits import EXIT_CRASH, EXIT_FATAL, EXIT_INTERRUPTED, worker_status
 from kinbox.ops.health import Health, HealthServer, ObservedTransport
 from kinbox.ops.shutdown import ShutdownBound, exit_at_once, watch_threads
-from kinbox.otel.instruments import metrics_on
-from kinbox.otel.setup import configure as configure_telemetry
 from kinbox.store.awaiting import MixedInboxStore
 from kinbox.store.probe import ping
 
@@ -154,7 +154,7 @@ def run(app: App, settings: Settings) -> None:
     """Run one group member in this process until a signal stops it.
 
     OpenTelemetry's SDK is set up first, from ``OTEL_*`` and
-    ``settings.metrics_port`` (:mod:`kinbox.otel.setup`), so the middleware
+    ``settings.metrics_port`` (:mod:`kinbox.core.otel.setup`), so the middleware
     made below sees it.
 
     Raises:

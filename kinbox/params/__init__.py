@@ -11,7 +11,7 @@
 Driver-free like the rest of the core: registering a handler loads neither
 pydantic nor SQLAlchemy unless its annotations already name them (then the
 user's module has loaded them). pydantic's validators are in
-:mod:`kinbox.validators`, the SQLAlchemy session lives with the store
+:mod:`kinbox.params.validators`, the SQLAlchemy session lives with the store
 (:mod:`kinbox.store.orm`), the Schema Registry's deserializers with Kafka
 (:mod:`kinbox.kafka.serde`); both are imported only for a handler that uses them.
 """

@@ -25,7 +25,7 @@ model, say); no annotation takes it as it is.
 
 Everything is chosen here, at registration: a call runs one prepared function.
 A value that does not decode or validate raises
-:class:`~kinbox.errors.InvalidPayload`, a permanent failure: dead-lettered at
+:class:`~kinbox.core.errors.InvalidPayload`, a permanent failure: dead-lettered at
 once with reason ``payload``, its message carrying the validation error.
 kinbox's own exceptions from a deserializer (``Retry``, ``DeadLetter``) pass
 through unchanged; so a schema registry that cannot be reached means ``Retry``.
@@ -41,14 +41,14 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from kinbox.describe import describe
-from kinbox.errors import ConfigurationError, InvalidPayload, KinboxError
-from kinbox.event import Event
+from kinbox.core.describe import describe
+from kinbox.core.errors import ConfigurationError, InvalidPayload, KinboxError
+from kinbox.core.event import Event
 from kinbox.params import structs
 from kinbox.params.signature import describe_type, strip
 
 Decode = Callable[[Event], object]
-"""One event's payload, decoded; raises :class:`~kinbox.errors.InvalidPayload`."""
+"""One event's payload, decoded; raises :class:`~kinbox.core.errors.InvalidPayload`."""
 Convert = Callable[[Any], object]
 
 
@@ -156,11 +156,11 @@ def _is_mapping(target: object) -> bool:
 
 
 def _models(target: object, *, where: str) -> Any:
-    """:mod:`kinbox.validators`, or why ``target`` cannot be decoded without pydantic."""
+    """:mod:`kinbox.params.validators`, or why ``target`` cannot be decoded without pydantic."""
     if dataclasses.is_dataclass(target) and not isinstance(target, type):
         raise ConfigurationError(f"{where}: annotate the payload with a type, not {target!r}")
     try:
-        from kinbox import validators  # loaded only for types pydantic validates
+        from kinbox.params import validators  # loaded only for types pydantic validates
     except ImportError as exc:
         raise ConfigurationError(
             f"{where}: a payload of type {describe_type(target)} is validated by pydantic, "

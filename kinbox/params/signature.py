@@ -16,7 +16,7 @@ their annotation (FastStream's ``msg: KafkaMessage``). In kinbox::
 
 The rules, in order:
 
-- The **first** parameter gets the payload: the :class:`~kinbox.event.Event`
+- The **first** parameter gets the payload: the :class:`~kinbox.core.event.Event`
   itself when it is annotated ``Event``, ``Any``, ``object`` or not at all
   (as before), else the record's value decoded into the annotation (see
   :mod:`kinbox.params.payload`). A batch handler's first parameter gets a list:
@@ -32,7 +32,7 @@ The rules, in order:
   annotation, as it always did.
 - A parameter with a default value that kinbox cannot fill (a second
   connection, an annotation it does not know) keeps its default; without a
-  default it is a :class:`~kinbox.errors.ConfigurationError` at import.
+  default it is a :class:`~kinbox.core.errors.ConfigurationError` at import.
 
 The classes are recognised without importing anything: a handler annotated
 with a SQLAlchemy or pydantic class was defined in a module that imported
@@ -50,8 +50,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kinbox.errors import ConfigurationError
-from kinbox.event import Event
+from kinbox.core.errors import ConfigurationError
+from kinbox.core.event import Event
 
 Source = Literal["payload", "event", "connection", "session"]
 """What a parameter receives: the (decoded) payload, the Event, the connection, a session."""

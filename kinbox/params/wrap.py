@@ -10,7 +10,7 @@ call itself).
 The kinds (:mod:`kinbox.apply.kinds`) never know the difference, so the
 claim, the savepoints, the verdicts and the dead letters work as for any
 handler; a payload that does not decode raises
-:class:`~kinbox.errors.InvalidPayload` inside the call, where the kind judges
+:class:`~kinbox.core.errors.InvalidPayload` inside the call, where the kind judges
 it like any failure (permanent: dead-lettered with reason ``payload``).
 """
 
@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kinbox.event import Event
+from kinbox.core.event import Event
 from kinbox.params.payload import Decode, decoder
 from kinbox.params.signature import Plan, awaits, plan_for
 

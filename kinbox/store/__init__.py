@@ -11,7 +11,7 @@
 ``loop``        the event loop thread async handlers run on
 ``orm``         a SQLAlchemy ``Session`` bound to the inbox transaction
 ``orm_async``   the ``AsyncSession`` twin, for async handlers
-``errors``      psycopg errors → :class:`~kinbox.errors.StoreError`: which are
+``errors``      psycopg errors → :class:`~kinbox.core.errors.StoreError`: which are
                 outages, which are refusals of content
 ``schema``      the inbox's tables, as versioned migration steps
 ``migrations``  applying versioned steps under an advisory lock (shared with

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Protocol, TypeVar, runtime_checkable
 
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 from kinbox.store.base import InboxStore, InboxTransaction
 
 T = TypeVar("T")

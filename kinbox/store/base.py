@@ -15,8 +15,8 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from kinbox.errors import ConflictError, StoreError
-    from kinbox.event import Event
+    from kinbox.core.errors import ConflictError, StoreError
+    from kinbox.core.event import Event
 
 
 class InboxTransaction(Protocol):
@@ -58,7 +58,7 @@ class InboxTransaction(Protocol):
         """A nested transaction: an exception inside rolls back only its work.
 
         Database errors inside (the handler's) are translated to
-        :class:`~kinbox.errors.StoreError`, transient only for an outage or a
+        :class:`~kinbox.core.errors.StoreError`, transient only for an outage or a
         conflict (:func:`kinbox.store.errors.blame` with ``own=False``).
 
         Raises:

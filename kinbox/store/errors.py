@@ -70,8 +70,8 @@ from typing import Any, Literal, Protocol
 
 import psycopg
 
-from kinbox.describe import describe
-from kinbox.errors import ConflictError, StoreError
+from kinbox.core.describe import describe
+from kinbox.core.errors import ConflictError, StoreError
 
 Blame = Literal["outage", "conflict", "wait", "event"]
 """Whose fault an error is: see the module's docstring."""
@@ -139,7 +139,7 @@ def translate(
 ) -> StoreError:
     """Return the :class:`StoreError` for a psycopg (or pool) exception.
 
-    A conflict is a :class:`~kinbox.errors.ConflictError`; an outage and a
+    A conflict is a :class:`~kinbox.core.errors.ConflictError`; an outage and a
     wait are ``transient``. Args: see :func:`blame`.
     """
     verdict = blame(exc, conn, own=own)
@@ -152,7 +152,7 @@ def behind(exc: BaseException, conn: Connection) -> StoreError | None:
     """The database's part in ``exc``, what a handler raised on ``conn``: an outage, a conflict.
 
     Returns a transient :class:`StoreError` for an outage, a
-    :class:`~kinbox.errors.ConflictError` for a conflict, or ``None`` when the
+    :class:`~kinbox.core.errors.ConflictError` for a conflict, or ``None`` when the
     failure is the event's. A handler works on the raw connection, so a
     server restart surfaces as whatever it raises: the psycopg error itself,
     an error chained to it (an ORM's), or anything at all once the

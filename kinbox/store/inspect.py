@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from kinbox.names import sql_identifier
+from kinbox.core.names import sql_identifier
 from kinbox.store import migrations
 from kinbox.store.errors import translate
 from kinbox.store.schema import INBOX

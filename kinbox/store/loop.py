@@ -15,7 +15,7 @@ while the loop runs its coroutine, and only then goes on.
 The loop's thread must never end while a call waits on it: nothing would
 ever answer that call. If it does end — something run on the loop raised
 ``SystemExit`` or ``KeyboardInterrupt``, which asyncio lets through
-``run_forever`` — the thread raises :class:`~kinbox.errors.ThreadDied` (so
+``run_forever`` — the thread raises :class:`~kinbox.core.errors.ThreadDied` (so
 the process's ``threading.excepthook`` hears of it), and every call waiting
 on it, or made later, raises it too, within :data:`LIVENESS_CHECK`.
 """
@@ -29,8 +29,8 @@ import threading
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
-from kinbox.describe import describe
-from kinbox.errors import HandlerCancelled, ThreadDied
+from kinbox.core.describe import describe
+from kinbox.core.errors import HandlerCancelled, ThreadDied
 
 T = TypeVar("T")
 

@@ -20,8 +20,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from kinbox.errors import SchemaError
-from kinbox.names import sql_identifier
+from kinbox.core.errors import SchemaError
+from kinbox.core.names import sql_identifier
 
 Step = Callable[[sql.Identifier], Sequence[sql.Composed | sql.SQL]]
 """One migration step: given the schema identifier, the statements to run."""

@@ -16,7 +16,7 @@ How it is bound, with SQLAlchemy's own extension points only:
   belongs to kinbox (:class:`InboxDialect`): SQLAlchemy never issues BEGIN
   (its psycopg dialect never does: the DBAPI begins implicitly, and kinbox
   has begun already), a COMMIT it would send raises
-  :class:`~kinbox.errors.TransactionControlError`, a ROLLBACK is a no-op when
+  :class:`~kinbox.core.errors.TransactionControlError`, a ROLLBACK is a no-op when
   SQLAlchemy only tidies up (after its first-connect checks, when its
   ``Connection`` closes) and raises inside a handler, and it never closes
   the connection.
@@ -58,7 +58,7 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
-from kinbox.errors import TransactionControlError
+from kinbox.core.errors import TransactionControlError
 
 Invoke = Callable[[object, object, Any, Any], object]
 """``invoke(payload, event, tx, session)`` (:mod:`kinbox.params.wrap`): the handler, filled in."""

@@ -6,7 +6,7 @@ piece is as it is): one ``AsyncEngine`` per connection of the async pool,
 made with ``create_async_engine(async_creator=...)`` and a ``StaticPool``
 that never closes nor resets it; the dialect is SQLAlchemy's async psycopg
 dialect with kinbox's refusals (:class:`InboxAsyncDialect`: COMMIT raises
-:class:`~kinbox.errors.TransactionControlError`, a ROLLBACK inside the
+:class:`~kinbox.core.errors.TransactionControlError`, a ROLLBACK inside the
 handler too); the session joins with ``join_transaction_mode="create_savepoint"``,
 so ``await session.commit()`` only releases its savepoint, and kinbox flushes
 and releases it when the handler returns. ``pip install 'kinbox[sqlalchemy]'``

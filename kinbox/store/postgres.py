@@ -4,10 +4,10 @@
 in the unit tests); :class:`PostgresInboxStore` is the real one, on a
 ``psycopg_pool`` pool (for async handlers, the same code on an async pool:
 :mod:`kinbox.store.awaiting`). Every psycopg error leaving this module is
-translated (:mod:`kinbox.store.errors`) to :class:`~kinbox.errors.StoreError` with
+translated (:mod:`kinbox.store.errors`) to :class:`~kinbox.core.errors.StoreError` with
 ``transient`` set when trying again may succeed. What kinbox writes here
 that comes from a record or an exception (a reason) is made storable first:
-NUL and lone surrogates escaped (:func:`kinbox.describe.clean`), and every
+NUL and lone surrogates escaped (:func:`kinbox.core.describe.clean`), and every
 non-ASCII character escaped when the database's encoding is not UTF8.
 """
 
@@ -22,10 +22,11 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from kinbox.describe import describe, storable
-from kinbox.errors import ConflictError, SchemaError, StoreError
-from kinbox.event import Event
-from kinbox.names import sql_identifier
+from kinbox.core.describe import describe, storable
+from kinbox.core.errors import ConflictError, SchemaError, StoreError
+from kinbox.core.event import Event
+from kinbox.core.names import sql_identifier
+from kinbox.core.traceparent import trace_id
 from kinbox.store import migrations
 from kinbox.store.arrays import hex_array, int_array, text_array
 from kinbox.store.base import InboxTransaction, first_occurrences
@@ -33,7 +34,6 @@ from kinbox.store.checkout import Checkout
 from kinbox.store.cursors import configure, forget, refused
 from kinbox.store.errors import aborted_at_commit, behind, left_aborted, translate
 from kinbox.store.schema import INBOX
-from kinbox.traceparent import trace_id
 
 _INERROR = psycopg.pq.TransactionStatus.INERROR
 _PIPELINE_ABORTED = psycopg.pq.PipelineStatus.ABORTED

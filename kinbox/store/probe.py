@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import psycopg
 
-from kinbox.config import redact_url
-from kinbox.describe import describe
+from kinbox.core.config import redact_url
+from kinbox.core.describe import describe
 
 
 def ping(conninfo: str, timeout: float = 3.0) -> str | None:

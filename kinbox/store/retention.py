@@ -16,7 +16,7 @@ from datetime import timedelta
 import psycopg
 from psycopg import sql
 
-from kinbox.names import sql_identifier
+from kinbox.core.names import sql_identifier
 from kinbox.store.errors import translate
 
 # The subselect bounds each batch (DELETE has no LIMIT) and walks the

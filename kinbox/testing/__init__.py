@@ -23,7 +23,7 @@ for the plugin, loads neither psycopg nor a Kafka client.
 
 from typing import TYPE_CHECKING
 
-from kinbox.lazy import exports as _exports
+from kinbox.core.lazy import exports as _exports
 
 if TYPE_CHECKING:
     from kinbox.testing.client import InboxTestClient

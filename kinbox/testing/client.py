@@ -32,9 +32,9 @@ from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
 from kinbox.apply.policy import RetryPolicy
 from kinbox.consume.envelope import Record
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
+from kinbox.core.names import sql_identifier
 from kinbox.kafka.base import Partition
-from kinbox.names import sql_identifier
 from kinbox.store.awaiting import MixedInboxStore
 from kinbox.store.migrations import Component
 from kinbox.store.postgres import apply_migrations

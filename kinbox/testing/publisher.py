@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kinbox.consume.envelope import Record
-from kinbox.errors import TransportError
+from kinbox.core.errors import TransportError
 
 
 class FakePublisher:
@@ -15,7 +15,7 @@ class FakePublisher:
     :attr:`acked` (acknowledged, in order), :attr:`closed`.
 
     Knob: ``fail_flushes``, how many next flushes fail with a retriable
-    :class:`~kinbox.errors.TransportError` (the broker unreachable); what
+    :class:`~kinbox.core.errors.TransportError` (the broker unreachable); what
     they held is dropped, as the real publisher counts none of it delivered.
 
     Unlike a real producer it refuses nothing at :meth:`send` (a real one

@@ -47,8 +47,8 @@ def kinbox_database_url() -> Iterator[str]:
     if external:
         yield external
         return
+    from kinbox.core.errors import ServiceError
     from kinbox.devstack.postgres import PostgresServer
-    from kinbox.errors import ServiceError
 
     try:
         server = PostgresServer()

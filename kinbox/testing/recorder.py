@@ -20,8 +20,8 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kinbox.errors import StoreError
-from kinbox.event import Event
+from kinbox.core.errors import StoreError
+from kinbox.core.event import Event
 from kinbox.store.async_base import async_store
 from kinbox.store.base import InboxStore, InboxTransaction
 
@@ -38,11 +38,11 @@ FAULTS: tuple[Fault, ...] = ("crash", "transient", "lost-commit")
     test client then starts over from the last committed offset, as a
     restarted worker would.
 ``transient``
-    a transient :class:`~kinbox.errors.StoreError` (the connection lost
+    a transient :class:`~kinbox.core.errors.StoreError` (the connection lost
     before COMMIT): rolled back, and the worker retries the batch.
 ``lost-commit``
     COMMIT succeeds but its answer is lost: a transient
-    :class:`~kinbox.errors.StoreError` after the commit, so the worker
+    :class:`~kinbox.core.errors.StoreError` after the commit, so the worker
     retries a batch that is in fact committed (the ambiguous commit).
 """
 

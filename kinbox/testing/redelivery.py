@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 
 from kinbox.app import App
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 from kinbox.testing.client import InboxTestClient
 from kinbox.testing.messages import Message
 from kinbox.testing.recorder import Coordinates, Fault

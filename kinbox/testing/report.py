@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kinbox.errors import KinboxError
+from kinbox.core.errors import KinboxError
 from kinbox.testing.messages import Message
 from kinbox.testing.recorder import Coordinates
 from kinbox.testing.snapshot import TableDifference

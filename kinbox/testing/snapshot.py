@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 
 INBOX_TABLE = "processed_events"
 """kinbox's bookkeeping, compared on ``(event_id, status)``."""

@@ -19,9 +19,9 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from kinbox.describe import storable
-from kinbox.errors import ConflictError, StoreError
-from kinbox.event import Event
+from kinbox.core.describe import storable
+from kinbox.core.errors import ConflictError, StoreError
+from kinbox.core.event import Event
 from kinbox.store.base import first_occurrences
 from kinbox.store.errors import aborted_at_commit, behind, left_aborted, translate
 from kinbox.testing.awaiting import AwaitsAlone
@@ -117,7 +117,7 @@ class FakeTransaction(AwaitsAlone):
         """See :meth:`~kinbox.store.base.InboxTransaction.dead_letter`.
 
         ``reason`` is escaped and bounded as the real store does
-        (:func:`kinbox.describe.storable`); ``refuse_reason`` sees it first.
+        (:func:`kinbox.core.describe.storable`); ``refuse_reason`` sees it first.
         """
         assert event.id in self._store.claimed, f"dead_letter of unclaimed {event.id!r}"
         self._usable()
@@ -210,9 +210,9 @@ class FakeStore:
     Knobs, to fail the way PostgreSQL does:
 
     - ``fail_claims``: that many next claims raise a *transient*
-      :class:`~kinbox.errors.StoreError` (the connection went away).
+      :class:`~kinbox.core.errors.StoreError` (the connection went away).
     - ``fail_skims``: that many next :meth:`known` look-ups raise a
-      transient :class:`~kinbox.errors.StoreError`.
+      transient :class:`~kinbox.core.errors.StoreError`.
     - ``lose_after_commit``: that many next transactions commit and then
       raise a transient error: the ambiguous commit, where the client never
       heard back from a COMMIT that happened.
@@ -226,7 +226,7 @@ class FakeStore:
 
     As the real store, a transaction left aborted (a handler swallowed a
     refused statement, see :meth:`FakeConn.fail`) does not commit: leaving
-    its block raises a :class:`~kinbox.errors.StoreError`, not transient, and
+    its block raises a :class:`~kinbox.core.errors.StoreError`, not transient, and
     everything of it is rolled back. One whose connection was lost
     (:meth:`FakeConn.lose`) raises a transient one.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from kinbox.consume.envelope import Record
-from kinbox.errors import TransportError
+from kinbox.core.errors import TransportError
 from kinbox.kafka.base import Partition, RebalanceListener
 
 
@@ -34,7 +34,7 @@ class FakeTransport:
     callbacks a real consumer serves inside its second call (e.g.
     ``fake.inside_poll.append(lambda: fake.revoke([tp]))``).
 
-    Knob: ``commit_errors``, a list of :class:`~kinbox.errors.TransportError`;
+    Knob: ``commit_errors``, a list of :class:`~kinbox.core.errors.TransportError`;
     each commit pops the first one and raises it instead of committing (a
     ``retriable=False`` one is the broker refusing a commit after the group
     moved on). An asynchronous commit lands at once (or fails with the popped

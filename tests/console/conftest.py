@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from kinbox.core.errors import ServiceError
 from kinbox.devstack.stack import Stack
-from kinbox.errors import ServiceError
 from tests.conftest import cannot_start
 from tests.console.support import (
     CHROMIUM,

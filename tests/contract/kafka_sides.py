@@ -16,8 +16,8 @@ from typing import Protocol
 
 from confluent_kafka import Producer
 
-from kinbox.config import Settings
 from kinbox.consume.envelope import Record
+from kinbox.core.config import Settings
 from kinbox.kafka.base import Publisher, Transport
 from kinbox.kafka.consumer import KafkaTransport
 from kinbox.kafka.producer import KafkaPublisher

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kinbox.errors import TransportError
+from kinbox.core.errors import TransportError
 from tests.contract.kafka_sides import PublisherSide
 
 

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import psycopg
 import pytest
 
-from kinbox.describe import storable
-from kinbox.errors import StoreError
-from kinbox.event import Event
+from kinbox.core.describe import storable
+from kinbox.core.errors import StoreError
+from kinbox.core.event import Event
 from kinbox.store.base import InboxStore
 from tests.contract.store_sides import Row, StoreSide
 

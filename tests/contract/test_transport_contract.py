@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from kinbox.consume.envelope import Record
-from kinbox.errors import TransportError
+from kinbox.core.errors import TransportError
 from kinbox.kafka.base import Partition, Transport
 from tests.contract.kafka_sides import TransportSide
 

@@ -37,10 +37,10 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
+from kinbox.core.errors import ServiceError
 from kinbox.devstack.cluster import KafkaCluster
 from kinbox.devstack.command import dev_stack
 from kinbox.devstack.stack import Stack
-from kinbox.errors import ServiceError
 from producer_outbox.writer import enqueue
 from tests.conftest import STACK_LINES, cannot_start
 from tests.support.database import Conn, drop_schema

@@ -16,8 +16,8 @@ from typing import Any
 from psycopg import sql
 
 from kinbox.app import App
-from kinbox.config import Settings
 from kinbox.consume.runner import Runner
+from kinbox.core.config import Settings
 from kinbox.kafka import KafkaPublisher, KafkaTransport
 from kinbox.store.awaiting import MixedInboxStore
 from tests.integration.inbox_app import make_app

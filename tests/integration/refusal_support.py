@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kinbox.app import App
-from kinbox.config import Settings
+from kinbox.core.config import Settings
 from tests.integration.failure_support import running
 from tests.integration.inbox_support import committed
 from tests.support.rawkafka import RawHeaders, RawRecord, produce_raw

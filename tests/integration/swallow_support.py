@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from kinbox.app import App
-from kinbox.event import Event
+from kinbox.core.event import Event
 
 ROLES = ("good-0", "swallows-then-writes", "good-1", "writes-then-swallows", "good-2")
 """The events of every case's topic, in offset order (ids are ``<case>/<role>``)."""

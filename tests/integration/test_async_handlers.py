@@ -15,9 +15,9 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from kinbox.app import App
+from kinbox.core.errors import DeadLetter, StoreError, TransactionControlError
+from kinbox.core.event import Event
 from kinbox.devstack.stack import Stack
-from kinbox.errors import DeadLetter, StoreError, TransactionControlError
-from kinbox.event import Event
 from kinbox.params.wrap import prepare
 from kinbox.store.async_base import Awaiting
 from kinbox.store.awaiting import AsyncPostgresInboxStore, MixedInboxStore

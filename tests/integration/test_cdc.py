@@ -26,10 +26,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from psycopg import sql
 
 from examples.lessons.app import TOPIC, app, complete_lesson, create_tables
+from kinbox.core.errors import PayloadError
 from kinbox.devstack.connect import KafkaConnect
 from kinbox.devstack.postgres import PostgresServer
 from kinbox.devstack.stack import Stack
-from kinbox.errors import PayloadError
 from kinbox.store.migrations import migrate
 from kinbox.store.schema import INBOX
 from producer_outbox import enqueue

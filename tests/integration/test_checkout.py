@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from psycopg_pool import ConnectionPool
 
+from kinbox.core.event import Event
 from kinbox.devstack.stack import Stack
-from kinbox.event import Event
 from kinbox.store import checkout
 from kinbox.store.postgres import PostgresInboxStore
 from tests.support.database import Conn, prepare_schema

@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from kinbox.core.event import Event
 from kinbox.devstack.stack import Stack
-from kinbox.event import Event
 from kinbox.store.postgres import PostgresInboxStore
 from tests.support.database import prepare_schema
 

@@ -27,10 +27,10 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from kinbox.config import Settings
+from kinbox.core.config import Settings
+from kinbox.core.errors import ServiceError
 from kinbox.devstack.kafka import KafkaBroker
 from kinbox.devstack.stack import Stack
-from kinbox.errors import ServiceError
 from kinbox.kafka.admin import HEADROOM_BYTES, DeadLetterTopic, check_dead_letter_topics
 from tests.conftest import cannot_start
 from tests.support.database import prepare_schema

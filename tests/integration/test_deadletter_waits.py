@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
+from kinbox.core.errors import DeadLetter
+from kinbox.core.event import Event
 from kinbox.devstack.stack import Stack
-from kinbox.errors import DeadLetter
-from kinbox.event import Event
 from producer_outbox.claim import claim
 from producer_outbox.writer import enqueue
 from tests.integration.failure_support import effect_app, running, statuses

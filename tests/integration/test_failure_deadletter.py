@@ -8,8 +8,8 @@ from click.testing import CliRunner
 from confluent_kafka import Producer
 
 from kinbox.cli.main import main
+from kinbox.core.event import Event
 from kinbox.devstack.stack import Stack
-from kinbox.event import Event
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import (
     dead_letters,
@@ -103,7 +103,7 @@ def test_poison_event_is_dead_lettered_then_replayed_and_applied_once(
 def test_dead_letter_requested_by_the_handler_and_a_second_group_unaffected(
     stack: Stack, make_topic: MakeTopic, schema: str, db: Conn
 ) -> None:
-    from kinbox.errors import DeadLetter
+    from kinbox.core.errors import DeadLetter
 
     topic = make_topic(partitions=1)
     prepare_schema(stack.database_url, schema)

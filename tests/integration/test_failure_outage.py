@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer
 
+from kinbox.core.event import Event
 from kinbox.devstack.postgres import PostgresServer
 from kinbox.devstack.stack import Stack
-from kinbox.event import Event
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import effect_app, running
 from tests.integration.inbox_support import assert_offsets_not_ahead, committed, produce, settings

@@ -11,9 +11,9 @@ from psycopg import sql
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
 from kinbox.apply.outcome import BatchResult
+from kinbox.core.errors import DeadLetter
+from kinbox.core.event import Event
 from kinbox.devstack.stack import Stack
-from kinbox.errors import DeadLetter
-from kinbox.event import Event
 from kinbox.store.postgres import PostgresInboxStore
 from kinbox.testing import FakePublisher, record
 from tests.integration.inbox_support import effects

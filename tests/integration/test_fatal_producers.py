@@ -22,9 +22,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from kinbox.config import Settings
+from kinbox.core.config import Settings
+from kinbox.core.errors import TransportError
 from kinbox.devstack.stack import Stack
-from kinbox.errors import TransportError
 from kinbox.kafka import KafkaPublisher as DeadLetterPublisher
 from kinbox.kafka import read_topic
 from producer_outbox.publisher import KafkaPublisher as RelayPublisher

@@ -19,8 +19,8 @@ import pytest
 from psycopg import sql
 
 from kinbox import App, Event
+from kinbox.core.errors import ConfigurationError, StoreError
 from kinbox.devstack.stack import Stack
-from kinbox.errors import ConfigurationError, StoreError
 from kinbox.testing import InboxTestClient
 from producer_outbox import enqueue, enqueue_async
 from tests.conftest import MakeTopic

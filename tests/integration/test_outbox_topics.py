@@ -24,9 +24,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 from psycopg import sql
 
+from kinbox.core.errors import ServiceError
 from kinbox.devstack.kafka import KafkaBroker
 from kinbox.devstack.stack import Stack
-from kinbox.errors import ServiceError
 from producer_outbox.writer import enqueue
 from tests.conftest import cannot_start
 from tests.support.database import Conn

@@ -16,7 +16,7 @@ import pytest
 from psycopg import sql
 
 from kinbox import App, DeadLetter, Event
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 from kinbox.testing import SCENARIOS, Message, RedeliveryUnsafe, assert_redelivery_safe
 
 Conn = psycopg.Connection[Any]

@@ -23,9 +23,9 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from kinbox.app import App
+from kinbox.core.errors import DeadLetter
+from kinbox.core.event import Event
 from kinbox.devstack.stack import Stack
-from kinbox.errors import DeadLetter
-from kinbox.event import Event
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import running, statuses
 from tests.integration.inbox_support import committed, effects, settings

@@ -21,8 +21,9 @@ import pytest
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
 
-from kinbox import App, failpoints
-from kinbox.config import Settings
+from kinbox import App
+from kinbox.core import failpoints
+from kinbox.core.config import Settings
 from kinbox.devstack.stack import Stack
 from tests.conftest import MakeTopic
 from tests.integration.inbox_app import recorder

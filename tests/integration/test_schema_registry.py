@@ -19,11 +19,11 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from kinbox.core.errors import Retry, ServiceError
+from kinbox.core.event import Event
 from kinbox.devstack.process import free_port
 from kinbox.devstack.registry import SchemaRegistry, start_registry
 from kinbox.devstack.stack import Stack
-from kinbox.errors import Retry, ServiceError
-from kinbox.event import Event
 from kinbox.kafka.serde import reader
 from tests.conftest import STACK_LINES, MakeTopic, cannot_start
 from tests.integration.failure_support import dead_letters, header, running, statuses

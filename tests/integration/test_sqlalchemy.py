@@ -13,9 +13,9 @@ from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
 from kinbox.app import App
+from kinbox.core.errors import TransactionControlError
+from kinbox.core.event import Event
 from kinbox.devstack.stack import Stack
-from kinbox.errors import TransactionControlError
-from kinbox.event import Event
 from kinbox.params.wrap import prepare
 from kinbox.store.orm import engine_for
 from kinbox.store.postgres import PostgresInboxStore

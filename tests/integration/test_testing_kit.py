@@ -16,7 +16,7 @@ import pytest
 from psycopg import sql
 
 from kinbox import App, DeadLetter, Event, Middleware, Retry
-from kinbox.errors import ConfigurationError, EnvelopeError
+from kinbox.core.errors import ConfigurationError, EnvelopeError
 from kinbox.testing import InboxTestClient, Message
 from producer_outbox import enqueue
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kinbox.core.event import Event
 from kinbox.devstack.stack import Stack
-from kinbox.event import Event
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import dead_letters, header, running, statuses
 from tests.integration.inbox_support import committed, effects, settings

@@ -43,11 +43,11 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from kinbox.app import App
-from kinbox.config import Settings
 from kinbox.consume.envelope import Record, event_id
+from kinbox.core.config import Settings
+from kinbox.core.errors import EnvelopeError
+from kinbox.core.event import Event
 from kinbox.devstack.stack import Stack
-from kinbox.errors import EnvelopeError
-from kinbox.event import Event
 from tests.integration.failure_support import running
 from tests.integration.inbox_support import committed
 from tests.support.database import drop_schema, prepare_schema

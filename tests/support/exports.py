@@ -1,4 +1,4 @@
-"""Checks for a package whose public names load lazily (:mod:`kinbox.lazy`)."""
+"""Checks for a package whose public names load lazily (:mod:`kinbox.core.lazy`)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Timings(TypedDict, total=False):
-    """The :class:`kinbox.config.Settings` fields that decide how fast a group reacts."""
+    """The :class:`kinbox.core.config.Settings` fields that decide how fast a group reacts."""
 
     session_timeout: float
     max_poll_interval: float

@@ -25,8 +25,8 @@ import psycopg
 from confluent_kafka import Consumer
 from psycopg import sql
 
+from kinbox.core.errors import StoreError
 from kinbox.devstack.stack import Stack
-from kinbox.errors import StoreError
 from kinbox.store.migrations import migrate
 from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import KafkaPublisher, producer_config

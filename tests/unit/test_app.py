@@ -6,8 +6,8 @@ import pytest
 
 import kinbox
 from kinbox.app import App
-from kinbox.errors import ConfigurationError
-from kinbox.event import Event
+from kinbox.core.errors import ConfigurationError
+from kinbox.core.event import Event
 
 pytestmark = pytest.mark.unit
 
@@ -78,7 +78,7 @@ def test_dead_letter_options_are_validated_at_registration() -> None:
 
 
 def test_failure_settings_are_validated() -> None:
-    from kinbox.config import Settings
+    from kinbox.core.config import Settings
 
     base: dict[str, Any] = {"database_url": "postgresql:///x", "group_id": "g"}
     assert Settings(**base).validate().missing_id == "dead-letter"

@@ -12,8 +12,8 @@ import pytest
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
 from kinbox.apply.kinds import AwaitedEachEvent, AwaitedWholeBatch, EachEvent, WholeBatch
-from kinbox.errors import ConfigurationError, DeadLetter
-from kinbox.event import Event
+from kinbox.core.errors import ConfigurationError, DeadLetter
+from kinbox.core.event import Event
 from kinbox.middleware.base import Middleware
 from kinbox.params.signature import awaits
 from kinbox.testing import FakePublisher, FakeStore, record

@@ -22,7 +22,7 @@ from kinbox.bench.results import RunResult, summarise
 from kinbox.bench.runs import kill_spacing
 from kinbox.bench.spec import PREFIX_PATTERN, Sizes, Target
 from kinbox.bench.workload import FAR, NEAR, build
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 from producer_outbox.ids import new_event_id
 
 

@@ -10,7 +10,7 @@ import pytest
 from kinbox.bench import deploy, feeder, outside, spread, stages
 from kinbox.bench.cpu import TICKS, cpu_seconds
 from kinbox.bench.spec import PRODUCER_PROFILES, ChildSpec, Sizes
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 
 pytestmark = pytest.mark.unit
 

@@ -13,11 +13,11 @@ from kinbox.app import App
 from kinbox.apply import deadletter
 from kinbox.apply.deadletter import HANDLER_ERROR, Letter
 from kinbox.apply.outcome import BatchResult, Failure
-from kinbox.config import Settings
 from kinbox.consume.breaker import Breaker, State
 from kinbox.consume.runner import Runner
-from kinbox.errors import ConfigurationError, DeadLetter, StoreError
-from kinbox.event import Event
+from kinbox.core.config import Settings
+from kinbox.core.errors import ConfigurationError, DeadLetter, StoreError
+from kinbox.core.event import Event
 from kinbox.kafka.base import Partition
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 

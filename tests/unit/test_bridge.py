@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from kinbox.errors import ThreadDied
+from kinbox.core.errors import ThreadDied
 from kinbox.store.bridge import SyncConnection, SyncContext
 from kinbox.store.loop import LoopThread
 

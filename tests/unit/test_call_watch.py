@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kinbox.cli.support import EXIT_FATAL
-from kinbox.config import Settings
+from kinbox.core.config import Settings
 from kinbox.kafka.consumer import KafkaTransport
 from kinbox.kafka.watch import CallWatch
 from kinbox.ops.worker import EXIT_WEDGED

@@ -1,4 +1,4 @@
-"""Which inbox event a handler works for, as enqueue sees it (kinbox.cause)."""
+"""Which inbox event a handler works for, as enqueue sees it (kinbox.core.cause)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from kinbox import cause
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
-from kinbox.event import Event
+from kinbox.core import cause
+from kinbox.core.event import Event
 from kinbox.testing import FakeStore, record
 
 pytestmark = pytest.mark.unit

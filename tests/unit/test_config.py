@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from kinbox.config import Settings, redact_url
-from kinbox.errors import ConfigurationError
+from kinbox.core.config import Settings, redact_url
+from kinbox.core.errors import ConfigurationError
 
 pytestmark = pytest.mark.unit
 

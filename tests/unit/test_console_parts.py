@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from kinbox.config import Settings
 from kinbox.console import charts, preview
 from kinbox.console.app import CSP, create_app
 from kinbox.console.auth import COOKIE, Gate, safe_next
@@ -26,7 +25,8 @@ from kinbox.console.redact import Scrubber
 from kinbox.console.settings import ConsoleSettings
 from kinbox.console.state import Console
 from kinbox.consume.envelope import Record
-from kinbox.errors import ConfigurationError
+from kinbox.core.config import Settings
+from kinbox.core.errors import ConfigurationError
 
 TOKEN = "t0ken-for-the-unit-tests-0123456789"
 URL = "postgresql://op:p%40ss-W0rd-x@db.internal:5432/app"

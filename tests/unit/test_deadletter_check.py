@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from kinbox.config import Settings
+from kinbox.core.config import Settings
 from kinbox.kafka import admin
 
 SOURCE, DLQ = "lessons", "lessons.dlq"

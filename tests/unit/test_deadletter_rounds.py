@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-from kinbox import failpoints
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
 from kinbox.consume.envelope import Record
-from kinbox.errors import DeadLetter
-from kinbox.event import Event
-from kinbox.failpoints import FailpointError
+from kinbox.core import failpoints
+from kinbox.core.errors import DeadLetter
+from kinbox.core.event import Event
+from kinbox.core.failpoints import FailpointError
 from kinbox.testing import FakePublisher, FakeStore, record
 from kinbox.testing.store import FakeTransaction
 

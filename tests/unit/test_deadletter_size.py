@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from kinbox.apply.deadletter import PREFIX, RECORD_OVERHEAD_BYTES, Letter, headers
 from kinbox.consume.envelope import Record
-from kinbox.errors import TransportError
+from kinbox.core.errors import TransportError
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kinbox.errors import ConfigurationError, ConnectorError
+from kinbox.core.errors import ConfigurationError, ConnectorError
 from producer_outbox.connect_api import ConnectClient, ConnectorState
 from producer_outbox.debezium import (
     EVENT_ROUTER,

@@ -9,7 +9,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kinbox.describe import clean, describe, storable, text, type_name
+from kinbox.core.describe import clean, describe, storable, text, type_name
 from kinbox.kafka.consumer import to_record
 from kinbox.testing import postgres_accepts
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kinbox.core.errors import ServiceError
 from kinbox.devstack.kafka_jars import broker_classpath
 from kinbox.devstack.stack import Stack, local_stack
-from kinbox.errors import ServiceError
 
 
 def test_kafka_home_is_used_instead_of_maven(

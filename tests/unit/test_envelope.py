@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kinbox.consume.envelope import MAX_ID_BYTES, Record, event_id, to_event
-from kinbox.errors import EnvelopeError
+from kinbox.core.errors import EnvelopeError
 
 pytestmark = pytest.mark.unit
 

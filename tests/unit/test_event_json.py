@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kinbox.event import Event
+from kinbox.core.event import Event
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The one failpoint grammar (kinbox.failpoints), shared by the worker and the relay."""
+"""The one failpoint grammar (kinbox.core.failpoints), shared by the worker and the relay."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 
 import kinbox
 import producer_outbox
-from kinbox import failpoints
-from kinbox.errors import ConfigurationError
-from kinbox.failpoints import Failpoint, FailpointError, Failpoints, parse
+from kinbox.core import failpoints
+from kinbox.core.errors import ConfigurationError
+from kinbox.core.failpoints import Failpoint, FailpointError, Failpoints, parse
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.unit
@@ -139,7 +139,7 @@ def test_the_process_failpoints_rearm_and_reset_counts(kills: list[int]) -> None
 
 def test_a_bad_environment_fails_at_start_up() -> None:
     out = subprocess.run(
-        [sys.executable, "-c", "import kinbox.failpoints"],
+        [sys.executable, "-c", "import kinbox.core.failpoints"],
         env={**os.environ, "KINBOX_FAILPOINTS": "relay_after_publsh=kill@2"},
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -8,10 +8,10 @@ import psycopg
 import pytest
 
 from kinbox.app import App
-from kinbox.config import Settings
 from kinbox.consume.runner import Runner
-from kinbox.errors import DeadLetter
-from kinbox.event import Event
+from kinbox.core.config import Settings
+from kinbox.core.errors import DeadLetter
+from kinbox.core.event import Event
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.config import Settings
 from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
-from kinbox.errors import FatalTransportError
-from kinbox.event import Event
+from kinbox.core.config import Settings
+from kinbox.core.errors import FatalTransportError
+from kinbox.core.event import Event
 from kinbox.kafka.base import Partition
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 

@@ -19,8 +19,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from kinbox.cli.main import EXIT_CONFIG, EXIT_FATAL, main
 from kinbox.cli.support import guard
-from kinbox.config import Settings
-from kinbox.errors import ConfigurationError, FatalTransportError, TransportError
+from kinbox.core.config import Settings
+from kinbox.core.errors import ConfigurationError, FatalTransportError, TransportError
 from kinbox.kafka.errors import (
     ClientLog,
     broken,

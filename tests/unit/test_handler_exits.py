@@ -1,9 +1,9 @@
 """A handler's ``BaseException`` is settled where it is raised, sync or async.
 
 ``SystemExit`` and ``KeyboardInterrupt`` ask the process to stop: the
-worker stops (:class:`~kinbox.errors.ExitRequested`), its batch rolled back.
+worker stops (:class:`~kinbox.core.errors.ExitRequested`), its batch rolled back.
 Anything else is a failed try of the event, like any exception
-(:class:`~kinbox.errors.HandlerAborted`): one event never stops the worker.
+(:class:`~kinbox.core.errors.HandlerAborted`): one event never stops the worker.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.errors import ExitRequested
-from kinbox.event import Event
+from kinbox.core.errors import ExitRequested
+from kinbox.core.event import Event
 from kinbox.testing import record
 from tests.unit.test_failures import Harness, T
 

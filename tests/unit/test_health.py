@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from kinbox.errors import TransportError
+from kinbox.core.errors import TransportError
 from kinbox.kafka.base import Partition
 from kinbox.ops.health import Health, HealthServer, ObservedTransport
 from kinbox.testing import FakeTransport

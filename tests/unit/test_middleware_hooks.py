@@ -16,11 +16,11 @@ from kinbox.app import App
 from kinbox.apply.kinds import EachEvent, WholeBatch
 from kinbox.apply.outcome import BatchResult, Failure
 from kinbox.apply.policy import Decision
-from kinbox.config import Settings
 from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
-from kinbox.errors import FatalTransportError
-from kinbox.event import Event
+from kinbox.core.config import Settings
+from kinbox.core.errors import FatalTransportError
+from kinbox.core.event import Event
 from kinbox.middleware.base import Middleware, WorkerInfo
 from kinbox.middleware.telemetry import Telemetry
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record

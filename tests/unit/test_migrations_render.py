@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from psycopg import sql
 
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 from kinbox.store.migrations import Component, render
 
 

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kinbox.errors import ConfigurationError
-from kinbox.names import sql_identifier, topic_name
+from kinbox.core.errors import ConfigurationError
+from kinbox.core.names import sql_identifier, topic_name
 
 
 @pytest.mark.parametrize("name", ["kinbox", "_x", "a1_b2", "a" * 63])

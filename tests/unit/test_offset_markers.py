@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.config import Settings
 from kinbox.consume.offsets import Offsets
 from kinbox.consume.runner import Runner
-from kinbox.errors import TransportError
-from kinbox.event import Event
+from kinbox.core.config import Settings
+from kinbox.core.errors import TransportError
+from kinbox.core.event import Event
 from kinbox.testing import FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kinbox.consume.offsets import ANSWER_WAIT, Offsets
-from kinbox.errors import TransportError
+from kinbox.core.errors import TransportError
 from kinbox.testing import FakeTransport, record
 from tests.unit.test_offset_markers import Heard
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kinbox.cli.status import ago
-from kinbox.config import Settings
-from kinbox.errors import ConfigurationError
+from kinbox.core.config import Settings
+from kinbox.core.errors import ConfigurationError
 from kinbox.ops.retention import Guard, floor
 
 pytestmark = pytest.mark.unit

@@ -15,9 +15,9 @@ pytestmark = pytest.mark.unit
 PROBE = """
 import json, os
 os.environ.update({env!r})
-from kinbox.errors import ConfigurationError
-from kinbox.otel.instruments import metrics_on, tracing_on
-from kinbox.otel.setup import configure
+from kinbox.core.errors import ConfigurationError
+from kinbox.core.otel.instruments import metrics_on, tracing_on
+from kinbox.core.otel.setup import configure
 try:
     done = configure("kinbox-worker", {port})
 except ConfigurationError as exc:

@@ -44,31 +44,31 @@ def test_a_writer_loads_psycopg_and_nothing_of_kafka_or_the_relay() -> None:
 def test_never_imports_consumer_code() -> None:
     # kinbox.kafka.errors is a leaf (confluent-kafka and the error tree): the
     # one place that reads fatal errors and refused configurations.
-    # kinbox.failpoints (the one failpoint grammar) and kinbox.lazy (lazy
-    # exports) are shared and import nothing of the consumer; kinbox.cause
+    # kinbox.core.failpoints (the one failpoint grammar) and kinbox.core.lazy (lazy
+    # exports) are shared and import nothing of the consumer; kinbox.core.cause
     # (which inbox event a handler works for) is a leaf the writer reads.
     # The relay's command serves kinbox.ops.health's endpoints, which import
     # only the Kafka seam's types, with kinbox.store.probe's database check,
     # and logs through kinbox.ops.logs, as every kinbox command does; the
     # cleanup reads topics' retention through kinbox.kafka.inspect (admin only).
-    # kinbox.otel (the names of spans and metrics, trace context in headers,
+    # kinbox.core.otel (the names of spans and metrics, trace context in headers,
     # the SDK set up from OTEL_*) is shared too and imports nothing of the consumer.
     allowed = {
-        "kinbox.cause",
-        "kinbox.errors",
+        "kinbox.core.cause",
+        "kinbox.core.errors",
         "kinbox.ops.health",
         "kinbox.ops.logs",
         "kinbox.store.probe",
-        "kinbox.otel",
-        "kinbox.otel.instruments",
-        "kinbox.otel.propagation",
-        "kinbox.otel.semconv",
-        "kinbox.otel.setup",
-        "kinbox.failpoints",
+        "kinbox.core.otel",
+        "kinbox.core.otel.instruments",
+        "kinbox.core.otel.propagation",
+        "kinbox.core.otel.semconv",
+        "kinbox.core.otel.setup",
+        "kinbox.core.failpoints",
         "kinbox.kafka.inspect",
         "kinbox.kafka.errors",
-        "kinbox.lazy",
-        "kinbox.names",
+        "kinbox.core.lazy",
+        "kinbox.core.names",
         "kinbox.store.migrations",
     }
     package = Path(producer_outbox.__file__).parent

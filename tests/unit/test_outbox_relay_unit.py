@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 from producer_outbox.config import RelayConfig
 from producer_outbox.lanes import group_target
 from producer_outbox.publisher import HELD, KafkaPublisher, Outcome, producer_config

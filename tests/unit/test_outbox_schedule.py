@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 from producer_outbox.schedule import Scheduler
 
 pytestmark = pytest.mark.unit

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 from kinbox.store.migrations import render
 from producer_outbox import PayloadError
 from producer_outbox.schema import OUTBOX, notify_channel

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.config import Settings
 from kinbox.consume.envelope import Record
 from kinbox.consume.lanes import Lanes
 from kinbox.consume.runner import Runner
-from kinbox.event import Event
+from kinbox.core.config import Settings
+from kinbox.core.event import Event
 from kinbox.middleware.base import Middleware
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
 
@@ -175,7 +175,7 @@ def test_stop_settles_the_batches_in_flight_and_commits_them() -> None:
 
 
 def test_an_asynchronous_commit_that_failed_is_sent_again_while_the_partition_is_ours() -> None:
-    from kinbox.errors import TransportError
+    from kinbox.core.errors import TransportError
 
     loop = Loop(Gate(set()), batch_max_messages=5)
     loop.add(0, 5)

@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 from typing_extensions import TypedDict  # pydantic needs it before Python 3.12
 
 from kinbox.app import App
-from kinbox.errors import ConfigurationError, DeadLetter, InvalidPayload, Retry
-from kinbox.event import Event
+from kinbox.core.errors import ConfigurationError, DeadLetter, InvalidPayload, Retry
+from kinbox.core.event import Event
 from kinbox.params.signature import Param, plan_for
 from kinbox.params.wrap import prepare
 from kinbox.testing import record

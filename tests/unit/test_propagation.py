@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kinbox.otel.propagation import creation_context, formatted, parse
+from kinbox.core.otel.propagation import creation_context, formatted, parse
 
 pytestmark = pytest.mark.unit
 

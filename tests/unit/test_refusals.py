@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from kinbox.app import App
-from kinbox.errors import DeadLetter, EnvelopeError
-from kinbox.event import Event
+from kinbox.core.errors import DeadLetter, EnvelopeError
+from kinbox.core.event import Event
 from kinbox.testing import postgres_accepts, record
 
 from .test_failures import Harness, T, always, effect_app

@@ -21,11 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kinbox.app import App
-from kinbox.config import Settings
 from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
-from kinbox.errors import TransportError
-from kinbox.event import Event
+from kinbox.core.config import Settings
+from kinbox.core.errors import TransportError
+from kinbox.core.event import Event
 from kinbox.kafka.base import Partition
 from kinbox.testing import FakeStore, FakeTransport, InlineExecutor, record
 

@@ -6,10 +6,10 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.config import Settings
 from kinbox.consume.runner import Runner
-from kinbox.errors import Retry, TransportError
-from kinbox.event import Event
+from kinbox.core.config import Settings
+from kinbox.core.errors import Retry, TransportError
+from kinbox.core.event import Event
 from kinbox.testing import FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit
@@ -181,7 +181,7 @@ def test_other_partitions_keep_flowing_while_one_backs_off() -> None:
 
 
 def test_missing_id_fail_commits_the_events_before_it_and_stops_the_worker() -> None:
-    from kinbox.errors import EnvelopeError
+    from kinbox.core.errors import EnvelopeError
 
     transport = FakeTransport()
     transport.append(record(T, 0, 0, "a"))
@@ -291,7 +291,7 @@ def app_with_stop(app: App, stop: Any) -> App:
 
 
 def test_runner_without_handlers_is_a_configuration_error() -> None:
-    from kinbox.errors import ConfigurationError
+    from kinbox.core.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="no handlers"):
         Runner(App(group_id="g"), Settings(), FakeTransport(), FakeStore())

@@ -17,11 +17,11 @@ from kinbox.apply.batch import BatchProcessor
 from kinbox.apply.deadletter import REPLAY_HEADER
 from kinbox.apply.outcome import BatchResult, Step
 from kinbox.apply.skim import RUN_BATCHES, worth_skimming
-from kinbox.config import Settings
 from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
-from kinbox.errors import DeadLetter, Retry
-from kinbox.event import Event
+from kinbox.core.config import Settings
+from kinbox.core.errors import DeadLetter, Retry
+from kinbox.core.event import Event
 from kinbox.middleware.base import Middleware
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 from tests.unit.test_breaker import Held

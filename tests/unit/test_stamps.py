@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.config import Settings
 from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
-from kinbox.errors import ConfigurationError
-from kinbox.event import Event
+from kinbox.core.config import Settings
+from kinbox.core.errors import ConfigurationError
+from kinbox.core.event import Event
 from kinbox.kafka.base import Transport
 from kinbox.middleware.base import Middleware
 from kinbox.ops import stamps

@@ -9,7 +9,7 @@ import pytest
 from psycopg import errors
 from psycopg_pool import PoolTimeout
 
-from kinbox.errors import ConflictError, StoreError
+from kinbox.core.errors import ConflictError, StoreError
 from kinbox.store.errors import Blame, behind, blame, translate
 
 pytestmark = pytest.mark.unit

@@ -16,14 +16,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NoOpTracerProvider, SpanKind
 
 from kinbox.app import App
-from kinbox.config import Settings
 from kinbox.consume.envelope import Record
 from kinbox.consume.lag import LagBoard
 from kinbox.consume.runner import Runner
-from kinbox.errors import ConfigurationError, DeadLetter
-from kinbox.event import Event
+from kinbox.core.config import Settings
+from kinbox.core.errors import ConfigurationError, DeadLetter
+from kinbox.core.event import Event
+from kinbox.core.otel.instruments import metrics_on, tracing_on
 from kinbox.middleware.telemetry import Telemetry
-from kinbox.otel.instruments import metrics_on, tracing_on
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit
@@ -214,7 +214,7 @@ def test_a_redone_batch_calls_the_handler_again_each_call_its_own_span() -> None
     ids = [(s.attributes or {})["messaging.message.id"] for s in spans]
     assert ids == ["ok", "bad", "ok", "ok"]
     failed = spans[1]
-    assert (failed.attributes or {})["error.type"] == "kinbox.errors.DeadLetter"
+    assert (failed.attributes or {})["error.type"] == "kinbox.core.errors.DeadLetter"
     assert failed.status.status_code is trace.StatusCode.ERROR
     assert {(s.attributes or {})["kinbox.attempt"] for s in spans} == {1}
     [batch] = telemetry.finished("kinbox.batch")
@@ -258,7 +258,7 @@ def test_metrics_time_each_call_claim_and_commit_and_count_what_was_consumed() -
         dict(p.attributes).get("error.type"): p.count
         for p in telemetry.points("messaging.process.duration")
     }
-    assert by_error == {None: 3, "kinbox.errors.DeadLetter": 1}
+    assert by_error == {None: 3, "kinbox.core.errors.DeadLetter": 1}
     [consumed] = telemetry.points("messaging.client.consumed.messages")
     assert consumed.value == 3 and dict(consumed.attributes) == {
         "messaging.system": "kafka", "messaging.operation.name": "consume",

@@ -10,8 +10,8 @@ import pytest
 
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
-from kinbox.errors import ConfigurationError
-from kinbox.event import Event
+from kinbox.core.errors import ConfigurationError
+from kinbox.core.event import Event
 from kinbox.testing import FakeConn, FakeStore, Message
 from kinbox.testing.messages import encode_payload
 from kinbox.testing.recorder import InjectedCrash, RecordingStore

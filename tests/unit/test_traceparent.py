@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kinbox.traceparent import trace_id
+from kinbox.core.traceparent import trace_id
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,7 @@ from psycopg import sql
 from kinbox.bench import effects
 from kinbox.bench.contenders.common import StopFlag, consumer_config, message_row
 from kinbox.bench.spec import ChildSpec
-from kinbox.failpoints import failpoint
+from kinbox.core.failpoints import failpoint
 
 
 def run(spec: ChildSpec) -> None:

@@ -16,7 +16,7 @@ import os
 from kinbox.app import App
 from kinbox.bench.contenders.kinbox_runner import app
 from kinbox.bench.spec import ChildSpec
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 
 _KINDS = {"each": False, "batch": True}
 

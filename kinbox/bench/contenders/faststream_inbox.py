@@ -20,7 +20,7 @@ import psycopg
 from kinbox.bench import effects
 from kinbox.bench.contenders.common import claim_one, effect_row, event_id
 from kinbox.bench.spec import ChildSpec
-from kinbox.failpoints import failpoint
+from kinbox.core.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 

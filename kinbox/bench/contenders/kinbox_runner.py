@@ -21,9 +21,9 @@ from typing import Any
 from kinbox.app import App
 from kinbox.bench import effects
 from kinbox.bench.spec import ChildSpec
-from kinbox.config import Settings
-from kinbox.errors import ConflictError, StoreError
-from kinbox.event import Event
+from kinbox.core.config import Settings
+from kinbox.core.errors import ConflictError, StoreError
+from kinbox.core.event import Event
 from kinbox.store.base import InboxStore, InboxTransaction
 
 

@@ -26,7 +26,7 @@ from kinbox.bench.contenders.common import (
     message_row,
 )
 from kinbox.bench.spec import ChildSpec
-from kinbox.failpoints import failpoint
+from kinbox.core.failpoints import failpoint
 
 BATCH = 500
 WAIT = 0.1

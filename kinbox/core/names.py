@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 # Kafka's own rule (kafka.common.internals.Topic): legal characters and at most 249 of them.

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-from kinbox.errors import ConfigurationError
-from kinbox.names import sql_identifier
+from kinbox.core.errors import ConfigurationError
+from kinbox.core.names import sql_identifier
 
 ENV_PREFIX = "KINBOX_"
 

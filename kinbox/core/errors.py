@@ -15,7 +15,7 @@
     ├── ServiceError                                   a local dev service failed to start
     ├── ConnectorError                                 Kafka Connect refused or failed a connector
     ├── FailpointError                                 a crash test's ``raise`` failpoint fired
-    │                                                  (in kinbox.failpoints: crash tests only)
+    │                                                  (in kinbox.core.failpoints: crash tests only)
     ├── TransactionControlError                        a handler tried to end the inbox
     │                                                  transaction (commit or roll back) itself
     ├── HandlerCancelled                               an async handler's coroutine was

@@ -1,7 +1,7 @@
 """Public names that load on first use (PEP 562), for the packages' ``__init__``.
 
 A package says where each of its public names lives, and importing the
-package loads none of them: importing one submodule (``kinbox.errors`` from
+package loads none of them: importing one submodule (``kinbox.core.errors`` from
 ``producer_outbox``, ``producer_outbox.writer`` in a writer-only service) does
 not drag in the rest and their drivers. Imports nothing of kinbox, so every
 package of both may use it.

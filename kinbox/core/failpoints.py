@@ -21,7 +21,7 @@ For example ``after_db_commit=kill@3, relay_after_publish=raise``. A name may
 be armed once per spec. The names are those in :data:`NAMES`, one per call of
 :func:`failpoint` in the code, so a misspelt name fails at start-up instead of
 arming nothing and letting a crash test pass without a crash. A spec that does
-not parse raises :class:`~kinbox.errors.ConfigurationError` naming the entry
+not parse raises :class:`~kinbox.core.errors.ConfigurationError` naming the entry
 and the allowed form.
 
 Unarmed (the variable unset or empty), :func:`failpoint` costs one lookup in
@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kinbox.errors import ConfigurationError, KinboxError
+from kinbox.core.errors import ConfigurationError, KinboxError
 
 ENV = "KINBOX_FAILPOINTS"
 ACTIONS = ("kill", "raise", "pause")

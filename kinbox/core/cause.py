@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kinbox.event import Event
+    from kinbox.core.event import Event
 
 
 @dataclass(frozen=True, slots=True)

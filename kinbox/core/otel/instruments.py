@@ -16,7 +16,7 @@ from typing import Any
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from kinbox.otel.semconv import Instrument
+from kinbox.core.otel.semconv import Instrument
 
 _API_PACKAGES = ("opentelemetry.trace", "opentelemetry.metrics")
 

@@ -24,7 +24,7 @@ which ``opentelemetry-instrument`` runs)? It is private API, and it always
 installs both providers: with only metrics asked for, a tracer provider
 with no exporter would make every handler call build spans for nobody. A
 signal nobody exports stays the API's no-op here, and kinbox's telemetry
-then skips it entirely (:mod:`kinbox.otel.instruments`). Running under
+then skips it entirely (:mod:`kinbox.core.otel.instruments`). Running under
 ``opentelemetry-instrument`` works too: a provider already installed (by it,
 or by the application's own code) is left alone.
 
@@ -43,8 +43,8 @@ from typing import Any
 
 from opentelemetry import metrics, trace
 
-from kinbox.errors import ConfigurationError
-from kinbox.otel.instruments import metrics_on, tracing_on
+from kinbox.core.errors import ConfigurationError
+from kinbox.core.otel.instruments import metrics_on, tracing_on
 
 log = logging.getLogger(__name__)
 

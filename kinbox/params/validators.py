@@ -15,7 +15,7 @@ from typing import Any
 
 import pydantic
 
-from kinbox.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError
 from kinbox.params.signature import describe_type
 
 
