@@ -57,7 +57,6 @@ from kinbox.core.lazy import exports as _exports
 if TYPE_CHECKING:
     from kinbox.app import App, default_app, handler
     from kinbox.apply.route import Route
-    from kinbox.consume.envelope import Record
     from kinbox.core.cause import caused_by
     from kinbox.core.config import Settings
     from kinbox.core.errors import (
@@ -78,6 +77,7 @@ if TYPE_CHECKING:
         TransportError,
     )
     from kinbox.core.event import Event
+    from kinbox.core.record import Record
     from kinbox.middleware.base import Middleware
 
 __all__ = [
@@ -121,7 +121,7 @@ _SOURCES = {
     "KinboxError": "kinbox.core.errors",
     "Middleware": "kinbox.middleware.base",
     "PayloadError": "kinbox.core.errors",
-    "Record": "kinbox.consume.envelope",
+    "Record": "kinbox.core.record",
     "Retry": "kinbox.core.errors",
     "Route": "kinbox.apply.route",
     "SchemaError": "kinbox.core.errors",

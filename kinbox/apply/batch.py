@@ -89,19 +89,21 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from kinbox.apply import deadletter
-from kinbox.apply.deadletter import Letter
+from kinbox.apply.control import Conflicted
 from kinbox.apply.dispatch import Dispatcher
+from kinbox.apply.envelope import derived_event, to_event
 from kinbox.apply.narrow import Plan, Refused, Settlement, Tally, Undeliverable, Unsent
-from kinbox.apply.outcome import BatchResult, Conflicted, Failure, Step
 from kinbox.apply.route import Route
 from kinbox.apply.skim import NOTHING, Skim, look_up
-from kinbox.consume.envelope import Record, derived_event, to_event
 from kinbox.core.errors import ConflictError, EnvelopeError, StoreError, TransportError
 from kinbox.core.event import Event
 from kinbox.core.failpoints import failpoint
-from kinbox.kafka.base import Publisher
+from kinbox.core.inbox import InboxStore, InboxTransaction
+from kinbox.core.letter import INVALID_ID, Letter, is_replay
+from kinbox.core.outcome import BatchResult, Failure, Step
+from kinbox.core.publisher import Publisher
+from kinbox.core.record import Record
 from kinbox.middleware.base import Chain, Middleware
-from kinbox.store.base import InboxStore, InboxTransaction
 
 log = logging.getLogger(__name__)
 
@@ -333,9 +335,7 @@ class BatchProcessor:
                         runnable.append(event)
                     else:
                         letters.append(
-                            self._dispatcher.letter(
-                                route, records, event, deadletter.INVALID_ID, error
-                            )
+                            self._dispatcher.letter(route, records, event, INVALID_ID, error)
                         )
                 letters += self._dispatcher.run(
                     tx, route, records, runnable, plan.verdicts,
@@ -418,7 +418,7 @@ class BatchProcessor:
         failpoint("after_dead_letter_ack")
 
     def _claim(self, tx: InboxTransaction, events: list[Event]) -> list[Event]:
-        reclaim = {e.id for e in events if deadletter.is_replay(e.headers)}
+        reclaim = {e.id for e in events if is_replay(e.headers)}
         started = self._now()
         try:
             fresh = tx.claim(events, reclaim)

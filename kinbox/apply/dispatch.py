@@ -5,18 +5,18 @@ savepoint, so a fresh event costs only its handler's own statements — and
 those go out pipelined, without a round trip each. Under the pipeline a
 failed statement may surface in a later handler or only at the end, so any
 failure there rolls the transaction back and the batch is redone without the
-pipeline (:class:`~kinbox.apply.outcome.Unpipelined`), where each statement's
+pipeline (:class:`~kinbox.apply.control.Unpipelined`), where each statement's
 error is raised in its own handler. If a handler raises on that pass, the
 pass stops and the caller rolls the whole transaction back; what happens
 next is decided from that exception exactly as it was when every event had
 a savepoint:
 
-- a database outage (:meth:`~kinbox.store.base.InboxTransaction.outage`): the batch fails
+- a database outage (:meth:`~kinbox.core.inbox.InboxTransaction.outage`): the batch fails
   as a whole and the try is not counted;
-- a conflict (:meth:`~kinbox.store.base.InboxTransaction.conflict`: the server
+- a conflict (:meth:`~kinbox.core.inbox.InboxTransaction.conflict`: the server
   aborted the transaction to let another through) while the batch may still
   retry conflicts: it is redone at once, the try not counted
-  (:class:`~kinbox.apply.outcome.Conflicted`); past that bound, the conflict
+  (:class:`~kinbox.apply.control.Conflicted`); past that bound, the conflict
   is a failure of the event like any other;
 - a failure to retry (not the event's last try): the partition stops at the
   event (:class:`HandlerFailed`) and the events before it are applied again;
@@ -58,17 +58,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from kinbox.apply import deadletter
-from kinbox.apply.deadletter import Letter
-from kinbox.apply.outcome import Conflicted, Verdict
+from kinbox.apply.control import Conflicted
 from kinbox.apply.route import Route
-from kinbox.consume.envelope import Record
 from kinbox.core import cause
 from kinbox.core.describe import text
 from kinbox.core.errors import DeadLetter, InvalidPayload, Retry
 from kinbox.core.event import Event
+from kinbox.core.inbox import InboxTransaction
+from kinbox.core.letter import (
+    HANDLER_ERROR,
+    INVALID_ID,
+    PAYLOAD,
+    REQUESTED,
+    RETRIES_EXHAUSTED,
+    Letter,
+)
+from kinbox.core.outcome import Verdict
+from kinbox.core.record import Record
 from kinbox.middleware.base import Chain
-from kinbox.store.base import InboxTransaction
 
 
 class Dispatcher:
@@ -142,7 +149,7 @@ class Dispatcher:
         error: BaseException,
     ) -> Letter:
         """The dead letter of ``event``, given up for ``reason``."""
-        attempts = 0 if reason == deadletter.INVALID_ID else event.attempt
+        attempts = 0 if reason == INVALID_ID else event.attempt
         return Letter(
             records[event.offset], route.dlq_topic, self.consumer, reason, error, attempts
         )
@@ -168,9 +175,9 @@ class Dispatcher:
         """
         if isinstance(exc, InvalidPayload):
             # The bytes will not change: never worth another try.
-            return deadletter.PAYLOAD
+            return PAYLOAD
         if isinstance(exc, DeadLetter):
-            return f"{deadletter.REQUESTED}: {text(exc.reason, 500)}"
+            return f"{REQUESTED}: {text(exc.reason, 500)}"
         outage = tx.outage(exc)
         if outage is not None:
             raise outage from exc
@@ -180,7 +187,7 @@ class Dispatcher:
                 raise Conflicted(conflict, event) from exc
         if attempt < self.limit(route):
             return None
-        return deadletter.RETRIES_EXHAUSTED if isinstance(exc, Retry) else deadletter.HANDLER_ERROR
+        return RETRIES_EXHAUSTED if isinstance(exc, Retry) else HANDLER_ERROR
 
 
 class _Calls:

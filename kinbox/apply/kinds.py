@@ -11,17 +11,17 @@ here, not a new branch in the dispatcher.
 :class:`AwaitedWholeBatch`: the same passes, savepoints and verdicts as their
 sync parents, with one difference, the call. It runs ``await fn(event,
 conn)`` on the event loop that owns the transaction's ``AsyncConnection``
-(:class:`~kinbox.store.async_base.Awaiting`), while the batch thread waits; their
+(:class:`~kinbox.core.inbox.Awaiting`), while the batch thread waits; their
 :meth:`pick_store` asks the worker's store for the same inbox on an async
 connection, once, when the worker starts.
 
 Both kinds judge failures the same way, through :class:`~kinbox.apply.route.Calls`:
 an outage propagates, a conflict redoes the batch at once (a bounded number
-of times: :class:`~kinbox.apply.outcome.Conflicted`), a failure that will be
+of times: :class:`~kinbox.apply.control.Conflicted`), a failure that will be
 tried again stops the pass
-(:class:`~kinbox.apply.outcome.HandlerFailed`), a permanent one is either
+(:class:`~kinbox.apply.control.HandlerFailed`), a permanent one is either
 dead-lettered in place (careful pass) or abandons the optimistic pass
-(:class:`~kinbox.apply.outcome.Abandoned`) so the batch is redone carefully.
+(:class:`~kinbox.apply.control.Abandoned`) so the batch is redone carefully.
 
 What a call raises that is no ``Exception`` is settled at the call itself
 (:func:`_called`, and :func:`_exits_kept` inside an async handler's task):
@@ -40,13 +40,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
-from kinbox.apply.outcome import Abandoned, HandlerFailed, Unpipelined, Verdict
+from kinbox.apply.control import Abandoned, HandlerFailed, Unpipelined
 from kinbox.apply.route import Calls, HandlerKind
 from kinbox.core.describe import describe
 from kinbox.core.errors import ExitRequested, HandlerAborted, WorkerExit
 from kinbox.core.event import Event
-from kinbox.store.async_base import Awaiting, async_store
-from kinbox.store.base import InboxStore
+from kinbox.core.inbox import Awaiting, InboxStore, async_store
+from kinbox.core.outcome import Verdict
 
 T = TypeVar("T")
 

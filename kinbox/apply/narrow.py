@@ -6,7 +6,7 @@ name none, because one statement or one COMMIT covers many events:
 
 ``claim``
     kinbox's one INSERT of every id of the batch, refused non-transiently:
-    an id the database cannot store, one that :mod:`kinbox.consume.envelope` let
+    an id the database cannot store, one that :mod:`kinbox.apply.envelope` let
     through (say, a character the server encoding has no code for);
 ``commit``
     COMMIT refused non-transiently: a deferred constraint or a constraint
@@ -79,20 +79,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kinbox.apply import deadletter
-from kinbox.apply.deadletter import Letter
-from kinbox.apply.outcome import (
-    Abandoned,
-    BatchResult,
-    Conflicted,
-    Failure,
-    HandlerFailed,
-    Unpipelined,
-    Verdict,
-)
-from kinbox.consume.envelope import Record, derived_event, derived_id, unstorable_id
+from kinbox.apply.control import Abandoned, Conflicted, HandlerFailed, Unpipelined
+from kinbox.apply.envelope import derived_event, derived_id, unstorable_id
 from kinbox.core.errors import EnvelopeError, StoreError, TransportError
 from kinbox.core.event import Event
+from kinbox.core.letter import HANDLER_ERROR, Letter
+from kinbox.core.outcome import BatchResult, Failure, Verdict
+from kinbox.core.record import Record
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +178,8 @@ Apply = Callable[[list[Event], Plan], Tally]
 """Applies some consecutive events of the batch in one transaction, following the plan.
 
 Raises :class:`Refused`, :class:`Unsent`,
-:class:`~kinbox.apply.outcome.HandlerFailed`, :class:`~kinbox.apply.outcome.Abandoned`,
-:class:`~kinbox.apply.outcome.Unpipelined`, :class:`~kinbox.apply.outcome.Conflicted`
+:class:`~kinbox.apply.control.HandlerFailed`, :class:`~kinbox.apply.control.Abandoned`,
+:class:`~kinbox.apply.control.Unpipelined`, :class:`~kinbox.apply.control.Conflicted`
 (only while the plan says to retry conflicts), or :class:`~kinbox.core.errors.StoreError`
 for what must wait.
 """
@@ -332,7 +325,7 @@ class Settlement:
                 event.topic, event.partition, event.offset, event.id, event.attempt,
                 extra=_position(event),
             )  # fmt: skip
-            plan.verdicts[event.offset] = Verdict(deadletter.HANDLER_ERROR, exc.error)
+            plan.verdicts[event.offset] = Verdict(HANDLER_ERROR, exc.error)
             return None
         # The derived id, the bare reason code, or an event whose handler did
         # not run: nothing of the event is left to blame. Wait, as for an outage.

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kinbox.core.event import Event
 
 if TYPE_CHECKING:
-    from kinbox.store.base import InboxStore, InboxTransaction
+    from kinbox.core.inbox import InboxStore, InboxTransaction
 
 EventHandler = Callable[[Event, Any], object]
 """``handler(event, tx)``: ``tx`` is the psycopg ``Connection`` (an ``AsyncConnection`` for
@@ -65,8 +65,8 @@ class HandlerKind(Protocol):
     (a savepoint per call, permanent failures dead-lettered in place).
     ``pipelined`` (only ever with ``careful`` false) allows the optimistic pass
     to send its statements without waiting for each result
-    (:meth:`~kinbox.store.base.InboxTransaction.pipelined`); a kind that uses
-    it raises :class:`~kinbox.apply.outcome.Unpipelined` on any failure.
+    (:meth:`~kinbox.core.inbox.InboxTransaction.pipelined`); a kind that uses
+    it raises :class:`~kinbox.apply.control.Unpipelined` on any failure.
     """
 
     @property
@@ -89,7 +89,7 @@ class HandlerKind(Protocol):
         """The store this kind's transactions run in, given the worker's (asked once, at start).
 
         ``store`` itself for a sync function; the same inbox on an async
-        connection (:meth:`~kinbox.store.async_base.AsyncCapable.for_async`) for an
+        connection (:meth:`~kinbox.core.inbox.AsyncCapable.for_async`) for an
         ``async def`` one.
 
         Raises:

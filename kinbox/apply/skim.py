@@ -6,7 +6,7 @@ applied before a rebalance — its next records are most likely duplicates as
 well. The runner then hands the batch processor a *run* of up to
 :data:`RUN_BATCHES` batches at once and asks it to skim: every id of the run
 is looked up in ``processed_events`` in one read-only statement, outside any
-transaction (:meth:`~kinbox.store.base.InboxStore.known`). Events found there
+transaction (:meth:`~kinbox.core.inbox.InboxStore.known`). Events found there
 are dropped before their batch's transaction; a batch left with nothing opens
 no transaction at all. What is left is applied exactly as before: each batch
 of the run in its own transaction, its claim deciding what is fresh.
@@ -35,11 +35,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kinbox.apply import deadletter
-from kinbox.apply.outcome import BatchResult
 from kinbox.core.errors import StoreError
 from kinbox.core.event import Event
-from kinbox.store.base import InboxStore
+from kinbox.core.inbox import InboxStore
+from kinbox.core.letter import is_replay
+from kinbox.core.outcome import BatchResult
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def worth_skimming(result: BatchResult, batch_size: int) -> bool:
 
 def look_up(store: InboxStore, events: Sequence[Event]) -> Skim:
     """Look up the ids of ``events`` that may be skimmed; never raises for a failed look-up."""
-    replayed = {e.id for e in events if deadletter.is_replay(e.headers)}
+    replayed = {e.id for e in events if is_replay(e.headers)}
     ids = {e.id for e in events}.difference(replayed)
     started = time.time_ns()
     try:

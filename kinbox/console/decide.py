@@ -28,7 +28,7 @@ from kinbox.console.letters import Letter
 from kinbox.console.parked import ParkedKeySource
 from kinbox.core.config import Settings
 from kinbox.core.errors import KinboxError
-from kinbox.kafka.base import Publisher
+from kinbox.core.publisher import Publisher
 from kinbox.store.decisions import DecidedRecord, DecisionLog
 from kinbox.store.inspect import InboxReader
 from producer_outbox import parked

@@ -20,8 +20,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from kinbox.apply.deadletter import PREFIX, header
-from kinbox.consume.envelope import Record
+from kinbox.core.letter import PREFIX, header
+from kinbox.core.record import Record
 
 _UUID = re.compile(
     r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"

@@ -25,11 +25,12 @@ import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kinbox.apply.deadletter import PREFIX, header
+from kinbox.apply.envelope import event_id
 from kinbox.console.fingerprint import Cause, cause
-from kinbox.consume.envelope import Record, event_id
 from kinbox.core.config import Settings
 from kinbox.core.errors import EnvelopeError
+from kinbox.core.letter import PREFIX, header
+from kinbox.core.record import Record
 from kinbox.kafka.inspect import Inspector
 from kinbox.kafka.producer import producer_config
 from kinbox.kafka.reader import read_tail

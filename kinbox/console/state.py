@@ -21,7 +21,7 @@ from kinbox.console.redact import Scrubber
 from kinbox.console.sampler import Sampler
 from kinbox.console.settings import ConsoleSettings
 from kinbox.core.config import Settings
-from kinbox.kafka.base import Publisher
+from kinbox.core.publisher import Publisher
 from kinbox.store.decisions import DecisionLog
 
 SCAN_REUSE_SECONDS = 3.0

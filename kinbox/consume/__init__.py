@@ -1,8 +1,6 @@
 """Consume: the poll loop of one group member, up to the point a partition batch is applied.
 
 =============  ================================================================
-``envelope``   :class:`Record` (a consumed record, driver-free) and its event
-               id: record → :class:`~kinbox.core.event.Event`
 ``runner``     the loop: poll, split by partition, hand batches over, commit
                offsets; the rebalance callbacks
 ``inflight``   the batch running on its worker thread while polling goes on
@@ -10,8 +8,10 @@
 ``backoff``    a failed partition paused, rewound and resumed later
 ``breaker``    the circuit breaker: every partition paused when the handler
                fails for event after event, then one event let through
+``lanes``      records fetched but not yet in a batch, one lane per partition
 =============  ================================================================
 
-No module here imports a Kafka or database driver: the runner talks to
-:mod:`kinbox.kafka.base` and :mod:`kinbox.store.base` only.
+The top of the engine: it imports :mod:`kinbox.apply` and :mod:`kinbox.app`,
+and no module here imports a Kafka or database driver: the runner talks to
+:mod:`kinbox.core.transport` and :mod:`kinbox.core.inbox` only.
 """

@@ -14,11 +14,11 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from kinbox.apply.outcome import Failure
-from kinbox.apply.policy import FailurePolicy
 from kinbox.core.describe import describe, text
 from kinbox.core.errors import EnvelopeError
-from kinbox.kafka.base import Partition, Transport
+from kinbox.core.outcome import Failure
+from kinbox.core.policy import FailurePolicy
+from kinbox.core.transport import Partition, Transport
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ only partitions no backoff holds, and resumes only those it paused itself
 and nothing else holds now, so it never undoes another component's pause:
 a partition whose lane is full stays paused when the breaker lets it go
 (the lane resumes it once it is half empty). Driver-free: it talks to the
-consumer through :class:`~kinbox.kafka.base.Transport` only.
+consumer through :class:`~kinbox.core.transport.Transport` only.
 """
 
 from __future__ import annotations
@@ -46,15 +46,15 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from enum import Enum
 
-from kinbox.apply import deadletter
-from kinbox.apply.outcome import BatchResult
-from kinbox.consume.envelope import Record
 from kinbox.core.describe import describe
-from kinbox.kafka.base import Partition, Transport
+from kinbox.core.letter import HANDLER_ERROR, RETRIES_EXHAUSTED
+from kinbox.core.outcome import BatchResult
+from kinbox.core.record import Record
+from kinbox.core.transport import Partition, Transport
 
 log = logging.getLogger(__name__)
 
-_FAILED_LETTERS = frozenset({deadletter.HANDLER_ERROR, deadletter.RETRIES_EXHAUSTED})
+_FAILED_LETTERS = frozenset({HANDLER_ERROR, RETRIES_EXHAUSTED})
 """Dead-letter reasons that mean the handler failed (its tries ran out)."""
 
 Place = tuple[str, int, int]

@@ -46,10 +46,10 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
 
-from kinbox.apply.outcome import BatchResult
 from kinbox.core.describe import describe
 from kinbox.core.errors import ExitRequested
-from kinbox.kafka.base import Partition
+from kinbox.core.outcome import BatchResult
+from kinbox.core.transport import Partition
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Iterator, Sequence
 
-from kinbox.consume.envelope import Record
-from kinbox.kafka.base import Partition, Transport
+from kinbox.core.record import Record
+from kinbox.core.transport import Partition, Transport
 
 log = logging.getLogger(__name__)
 

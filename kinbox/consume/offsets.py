@@ -37,7 +37,7 @@ past the markers) is committed instead, under one rule: only once every
 record the Kafka client has returned for the partition is settled in the
 database — then everything below the position is settled or no record at
 all. What the client returned is the transport's count
-(:meth:`~kinbox.kafka.base.Transport.handed`), taken as each client call
+(:meth:`~kinbox.core.transport.Transport.handed`), taken as each client call
 returns, not the records the runner has seen: librdkafka serves rebalance
 callbacks inside its calls, so a revoke served inside a poll meets records
 an earlier call of that poll returned, with the position past them, before
@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from kinbox.core.errors import FatalTransportError, TransportError
-from kinbox.kafka.base import Partition, Transport
+from kinbox.core.transport import Partition, Transport
 
 log = logging.getLogger(__name__)
 

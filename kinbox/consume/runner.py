@@ -50,22 +50,23 @@ from operator import itemgetter
 
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
-from kinbox.apply.outcome import BatchResult
-from kinbox.apply.policy import FailurePolicy, RetryPolicy
 from kinbox.apply.skim import RUN_BATCHES, worth_skimming
 from kinbox.consume.backoff import Backoff
 from kinbox.consume.breaker import Breaker, State
-from kinbox.consume.envelope import Record
 from kinbox.consume.inflight import HOLD_AFTER, InFlight
-from kinbox.consume.lag import LagBoard
 from kinbox.consume.lanes import Lanes
 from kinbox.consume.offsets import Offsets
 from kinbox.core.config import Settings
 from kinbox.core.describe import describe
 from kinbox.core.errors import ConfigurationError, FatalTransportError, KinboxError, TransportError
-from kinbox.kafka.base import Partition, Publisher, Transport
+from kinbox.core.inbox import InboxStore
+from kinbox.core.lag import LagBoard
+from kinbox.core.outcome import BatchResult
+from kinbox.core.policy import FailurePolicy, RetryPolicy
+from kinbox.core.publisher import Publisher
+from kinbox.core.record import Record
+from kinbox.core.transport import Partition, Transport
 from kinbox.middleware.base import Chain, WorkerInfo
-from kinbox.store.base import InboxStore
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ LANES_BUDGET = 64
 """Batches waiting in all lanes together: sixteen each for up to four partitions."""
 
 _PARTITION = itemgetter(0, 1)
-"""A :class:`~kinbox.consume.envelope.Record`'s ``(topic, partition)``."""
+"""A :class:`~kinbox.core.record.Record`'s ``(topic, partition)``."""
 
 BUSY_WAIT = 0.002
 """Seconds the loop sleeps, with batches in flight and nothing fetched, before polling again.

@@ -1,10 +1,11 @@
 """The Kafka seam: the only package that talks to Kafka through confluent-kafka.
 
 =================  ==========================================================
-``consumer``       :class:`Transport` (what the runner needs) and
-                   :class:`KafkaTransport`, the group member's consumer
-``producer``       :class:`Publisher` and :class:`KafkaPublisher`: dead
-                   letters and replays, acknowledged before they count
+``consumer``       :class:`KafkaTransport`, the group member's consumer
+                   (the :class:`~kinbox.core.transport.Transport` seam)
+``producer``       :class:`KafkaPublisher`: dead letters and replays,
+                   acknowledged before they count (the
+                   :class:`~kinbox.core.publisher.Publisher` seam)
 ``reader``         :func:`read_topic`: a topic from its start, for replay
 ``admin``          :func:`~kinbox.kafka.admin.check_dead_letter_topics`:
                    dead-letter topics exist and take writes, before the start
@@ -23,7 +24,6 @@ from typing import TYPE_CHECKING
 from kinbox.core.lazy import exports as _exports
 
 if TYPE_CHECKING:
-    from kinbox.kafka.base import Partition, Publisher, RebalanceListener, Transport
     from kinbox.kafka.consumer import KafkaTransport
     from kinbox.kafka.producer import KafkaPublisher
     from kinbox.kafka.reader import read_topic
@@ -31,20 +31,12 @@ if TYPE_CHECKING:
 __all__ = [
     "KafkaPublisher",
     "KafkaTransport",
-    "Partition",
-    "Publisher",
-    "RebalanceListener",
-    "Transport",
     "read_topic",
 ]
 
 _SOURCES = {
     "KafkaPublisher": "kinbox.kafka.producer",
     "KafkaTransport": "kinbox.kafka.consumer",
-    "Partition": "kinbox.kafka.base",
-    "Publisher": "kinbox.kafka.base",
-    "RebalanceListener": "kinbox.kafka.base",
-    "Transport": "kinbox.kafka.base",
     "read_topic": "kinbox.kafka.reader",
 }
 

@@ -14,7 +14,7 @@ A missing dead-letter topic is created here, with the source topic's
 partition count and room for the source's largest record plus kinbox's
 headers, so a record that was accepted upstream can always be dead-lettered.
 The check also returns each dead-letter topic's record size limit, which
-:func:`kinbox.apply.deadletter.headers` uses to keep the ``kinbox.dlq.*`` headers
+:func:`kinbox.core.letter.headers` uses to keep the ``kinbox.dlq.*`` headers
 from pushing a record over it.
 """
 

@@ -47,13 +47,13 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from kinbox.consume.envelope import Record
-from kinbox.consume.lag import LagBoard
 from kinbox.core import describe as text
 from kinbox.core.config import Settings
 from kinbox.core.errors import FatalTransportError
 from kinbox.core.failpoints import failpoint
-from kinbox.kafka.base import Partition, RebalanceListener
+from kinbox.core.lag import LagBoard
+from kinbox.core.record import Record
+from kinbox.core.transport import Partition, RebalanceListener
 from kinbox.kafka.errors import ClientLog, broken, create_client, describe, is_fatal, translate
 from kinbox.kafka.stats import DEFAULT_INTERVAL_MS, on_stats
 from kinbox.kafka.watch import CallWatch

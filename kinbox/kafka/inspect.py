@@ -31,7 +31,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, not
 )
 
 from kinbox.core.errors import TransportError
-from kinbox.kafka.base import Partition
+from kinbox.core.transport import Partition
 from kinbox.kafka.errors import create_client, translate
 
 _PRODUCER_ONLY = ("enable.idempotence", "acks", "message.timeout.ms", "linger.ms", "compression.")

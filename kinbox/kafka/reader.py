@@ -15,9 +15,9 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from kinbox.consume.envelope import Record
 from kinbox.core.config import Settings
 from kinbox.core.errors import TransportError
+from kinbox.core.record import Record
 from kinbox.kafka.consumer import consumer_config, to_record
 from kinbox.kafka.errors import create_client, translate
 

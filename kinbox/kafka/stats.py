@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kinbox.consume.lag import Lags
+from kinbox.core.lag import Lags
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ span or a context opened in one is always closed in the other.
     in reverse order, once per dead letter whose transaction committed (a
     rolled-back one is never reported).
 ``after_batch``
-    in reverse order, with the :class:`~kinbox.apply.outcome.BatchResult`,
+    in reverse order, with the :class:`~kinbox.core.outcome.BatchResult`,
     whether the batch committed, stopped at a failure or did both, and with
     ``error`` set when something raised instead (the result then says nothing
     was committed).
@@ -55,14 +55,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from kinbox.apply.outcome import BatchResult, Step
+from kinbox.core.outcome import BatchResult, Step
 
 if TYPE_CHECKING:
-    from kinbox.apply.deadletter import Letter
-    from kinbox.consume.envelope import Record
-    from kinbox.consume.lag import LagBoard
     from kinbox.core.config import Settings
     from kinbox.core.event import Event
+    from kinbox.core.lag import LagBoard
+    from kinbox.core.letter import Letter
+    from kinbox.core.record import Record
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class WorkerInfo:
         topics: the topics the worker consumes, sorted.
         settings: the worker's validated settings, when it has them.
         lag: the consumer's lag per assigned partition, when the Kafka
-            client reports it (:mod:`kinbox.consume.lag`).
+            client reports it (:mod:`kinbox.core.lag`).
     """
 
     group_id: str

@@ -20,8 +20,8 @@ from kinbox.core.otel.semconv import error_type
 from kinbox.middleware.spans import Attributes
 
 if TYPE_CHECKING:
-    from kinbox.apply.outcome import BatchResult, Step
-    from kinbox.consume.lag import LagBoard
+    from kinbox.core.lag import LagBoard
+    from kinbox.core.outcome import BatchResult, Step
 
 
 class Meters:

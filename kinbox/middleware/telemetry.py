@@ -73,10 +73,10 @@ from kinbox.middleware.meters import Meters
 from kinbox.middleware.spans import Attributes, mark_failed, process_span
 
 if TYPE_CHECKING:
-    from kinbox.apply.deadletter import Letter
-    from kinbox.apply.outcome import BatchResult, Step
-    from kinbox.consume.envelope import Record
     from kinbox.core.event import Event
+    from kinbox.core.letter import Letter
+    from kinbox.core.outcome import BatchResult, Step
+    from kinbox.core.record import Record
 
 
 @dataclass

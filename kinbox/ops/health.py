@@ -33,12 +33,12 @@ from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
-from kinbox.kafka.base import ForwardingTransport, Partition, RebalanceListener
+from kinbox.core.transport import ForwardingTransport, Partition, RebalanceListener
 
 if TYPE_CHECKING:
-    from kinbox.consume.envelope import Record
     from kinbox.core.errors import TransportError
-    from kinbox.kafka.base import Transport
+    from kinbox.core.record import Record
+    from kinbox.core.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def _handler_for(health: Health) -> type[BaseHTTPRequestHandler]:
 
 
 class ObservedTransport(ForwardingTransport):
-    """A :class:`~kinbox.kafka.base.Transport` that feeds :class:`Health`, otherwise unchanged.
+    """A :class:`~kinbox.core.transport.Transport` that feeds :class:`Health`, otherwise unchanged.
 
     Each ``poll()`` entering and returning is a turn; the rebalance callbacks
     tell how many partitions the member holds (after the runner has handled

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinbox.kafka.base import Partition
+from kinbox.core.transport import Partition
 from kinbox.kafka.inspect import Group, Inspector
 
 

@@ -34,11 +34,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
-from kinbox.apply.outcome import Step
-from kinbox.consume.envelope import Record
 from kinbox.core.errors import ConfigurationError, TransportError
 from kinbox.core.event import Event
-from kinbox.kafka.base import ForwardingTransport, Partition, RebalanceListener, Transport
+from kinbox.core.outcome import Step
+from kinbox.core.record import Record
+from kinbox.core.transport import ForwardingTransport, Partition, RebalanceListener, Transport
 from kinbox.middleware.base import Middleware, WorkerInfo
 
 ENV = "KINBOX_STAGE_STAMPS"
@@ -161,7 +161,7 @@ class StampMiddleware(Middleware):
 
 
 class StampedTransport(ForwardingTransport):
-    """A :class:`~kinbox.kafka.base.Transport` stamping ``fetched`` and the offset commits.
+    """A :class:`~kinbox.core.transport.Transport` stamping ``fetched`` and the offset commits.
 
     Every call it stamps in runs on the polling thread (the rebalance
     listener's too), so its bookkeeping needs no lock.

@@ -29,15 +29,15 @@ from types import FrameType
 from typing import Any
 
 from kinbox.app import App, default_app
-from kinbox.consume.lag import LagBoard
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError, KinboxError, ThreadDied
+from kinbox.core.lag import LagBoard
 from kinbox.core.otel.instruments import metrics_on
 from kinbox.core.otel.setup import configure as configure_telemetry
+from kinbox.core.transport import Transport
 from kinbox.kafka import KafkaPublisher, KafkaTransport
 from kinbox.kafka.admin import check_dead_letter_topics
-from kinbox.kafka.base import Transport
 from kinbox.ops import stamps
 from kinbox.ops.exits import EXIT_CRASH, EXIT_FATAL, EXIT_INTERRUPTED, worker_status
 from kinbox.ops.health import Health, HealthServer, ObservedTransport

@@ -1,8 +1,9 @@
 """Store: where the inbox keeps ``processed_events``; PostgreSQL lives here and nowhere else.
 
+It implements the seam of :mod:`kinbox.core.inbox` (:class:`InboxStore`,
+:class:`InboxTransaction` and the async side), and imports only the core.
+
 ==============  ===============================================================
-``base``        the seam: :class:`InboxStore` and :class:`InboxTransaction`
-                (driver-free), and what async handlers need of it
 ``postgres``    :class:`PostgresInboxStore`, on a psycopg_pool pool
 ``awaiting``    the same store on an ``AsyncConnectionPool`` for async
                 handlers, and the worker's :class:`MixedInboxStore`

@@ -30,7 +30,7 @@ from typing import Any, TypeVar, cast
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from kinbox.store.base import InboxStore, InboxTransaction
+from kinbox.core.inbox import InboxStore, InboxTransaction
 from kinbox.store.bridge import SyncConnection, SyncPool
 from kinbox.store.cursors import configure_async
 from kinbox.store.errors import translate
@@ -85,7 +85,7 @@ class AsyncPostgresInboxStore(PostgresInboxStore):
 
     @contextmanager
     def transaction(self) -> Iterator[InboxTransaction]:
-        """See :meth:`~kinbox.store.base.InboxStore.transaction`; the first one opens the pool."""
+        """See :meth:`~kinbox.core.inbox.InboxStore.transaction`; the first one opens the pool."""
         if not self._opened:
             try:
                 self.open()
@@ -120,7 +120,7 @@ class _AwaitingTransaction(_PostgresTransaction):
         return cast(SyncConnection, self._conn)  # what the async pool hands out
 
     def wait(self, awaitable: Awaitable[T]) -> T:
-        """See :meth:`kinbox.store.async_base.Awaiting.wait`."""
+        """See :meth:`kinbox.core.inbox.Awaiting.wait`."""
         return self.bridged.loop.run(awaited(awaitable))
 
     @property
@@ -144,7 +144,7 @@ class MixedInboxStore(PostgresInboxStore):
         self._making = threading.Lock()
 
     def for_async(self) -> InboxStore:
-        """See :meth:`kinbox.store.async_base.AsyncCapable.for_async` (made on first call)."""
+        """See :meth:`kinbox.core.inbox.AsyncCapable.for_async` (made on first call)."""
         with self._making:
             if self._async is None:
                 self._async = self._make_async()

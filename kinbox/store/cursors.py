@@ -1,7 +1,7 @@
 """The cursors of the inbox's connections: they note what pipeline mode refuses a handler.
 
 A per-event handler's first pass runs in psycopg's pipeline mode
-(:meth:`~kinbox.store.base.InboxTransaction.pipelined`), where psycopg refuses
+(:meth:`~kinbox.core.inbox.InboxTransaction.pipelined`), where psycopg refuses
 ``COPY``, ``cursor.stream()`` and server-side cursors before sending anything.
 Such a refusal is kinbox's doing, not the handler's: without the pipeline the
 same call works. A handler that lets it through is easy to tell (its

@@ -25,11 +25,11 @@ from psycopg_pool import ConnectionPool
 from kinbox.core.describe import describe, storable
 from kinbox.core.errors import ConflictError, SchemaError, StoreError
 from kinbox.core.event import Event
+from kinbox.core.inbox import InboxTransaction, first_occurrences
 from kinbox.core.names import sql_identifier
 from kinbox.core.traceparent import trace_id
 from kinbox.store import migrations
 from kinbox.store.arrays import hex_array, int_array, text_array
-from kinbox.store.base import InboxTransaction, first_occurrences
 from kinbox.store.checkout import Checkout
 from kinbox.store.cursors import configure, forget, refused
 from kinbox.store.errors import aborted_at_commit, behind, left_aborted, translate

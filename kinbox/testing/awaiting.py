@@ -12,7 +12,7 @@ T = TypeVar("T")
 
 
 class AwaitsAlone:
-    """A fake transaction's :meth:`~kinbox.store.async_base.Awaiting.wait`, without a loop thread.
+    """A fake transaction's :meth:`~kinbox.core.inbox.Awaiting.wait`, without a loop thread.
 
     Each call gets a fresh loop (``asyncio.run``) on the calling thread: the
     fake has no connection a loop must own.

@@ -30,11 +30,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
-from kinbox.apply.policy import RetryPolicy
-from kinbox.consume.envelope import Record
 from kinbox.core.errors import ConfigurationError
 from kinbox.core.names import sql_identifier
-from kinbox.kafka.base import Partition
+from kinbox.core.policy import RetryPolicy
+from kinbox.core.record import Record
+from kinbox.core.transport import Partition
 from kinbox.store.awaiting import MixedInboxStore
 from kinbox.store.migrations import Component
 from kinbox.store.postgres import apply_migrations

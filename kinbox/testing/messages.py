@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kinbox.consume.envelope import Record
+from kinbox.core.record import Record
 
 Header = tuple[str, bytes | None]
 Headers = Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]]

@@ -1,11 +1,11 @@
-"""An in-memory :class:`~kinbox.kafka.base.Publisher`: :class:`FakePublisher`."""
+"""An in-memory :class:`~kinbox.core.publisher.Publisher`: :class:`FakePublisher`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kinbox.consume.envelope import Record
 from kinbox.core.errors import TransportError
+from kinbox.core.record import Record
 
 
 class FakePublisher:
@@ -36,11 +36,11 @@ class FakePublisher:
         value: bytes | None,
         headers: Sequence[tuple[str, bytes | None]],
     ) -> None:
-        """See :meth:`~kinbox.kafka.base.Publisher.send`."""
+        """See :meth:`~kinbox.core.publisher.Publisher.send`."""
         self.queued.append(Record(topic, 0, len(self.queued), key, value, list(headers)))
 
     def flush(self) -> None:
-        """See :meth:`~kinbox.kafka.base.Publisher.flush`; ``fail_flushes`` applies."""
+        """See :meth:`~kinbox.core.publisher.Publisher.flush`; ``fail_flushes`` applies."""
         queued, self.queued = self.queued, []
         if self.fail_flushes:
             self.fail_flushes -= 1
@@ -48,7 +48,7 @@ class FakePublisher:
         self.acked.extend(queued)
 
     def close(self) -> None:
-        """See :meth:`~kinbox.kafka.base.Publisher.close`."""
+        """See :meth:`~kinbox.core.publisher.Publisher.close`."""
         self.closed = True
 
     def headers(self, index: int) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """A window on the real inbox store: what each transaction claimed and committed, and faults.
 
-:class:`RecordingStore` wraps an :class:`~kinbox.store.base.InboxStore` (the
+:class:`RecordingStore` wraps an :class:`~kinbox.core.inbox.InboxStore` (the
 PostgreSQL one, for the test client) and changes nothing it does, with two
 exceptions a test asks for:
 
@@ -22,8 +22,7 @@ from typing import Any, Literal
 
 from kinbox.core.errors import StoreError
 from kinbox.core.event import Event
-from kinbox.store.async_base import async_store
-from kinbox.store.base import InboxStore, InboxTransaction
+from kinbox.core.inbox import InboxStore, InboxTransaction, async_store
 
 Coordinates = tuple[str, int, int]
 """A record's ``(topic, partition, offset)``."""
@@ -82,7 +81,7 @@ class _Notes:
 
 
 class RecordingStore:
-    """An :class:`~kinbox.store.base.InboxStore` that notes what ``inner`` committed.
+    """An :class:`~kinbox.core.inbox.InboxStore` that notes what ``inner`` committed.
 
     Attributes:
         ledger: what committed since the test client last replaced it.
@@ -108,7 +107,7 @@ class RecordingStore:
 
     @contextmanager
     def transaction(self) -> Iterator[InboxTransaction]:
-        """See :meth:`~kinbox.store.base.InboxStore.transaction`; faults apply."""
+        """See :meth:`~kinbox.core.inbox.InboxStore.transaction`; faults apply."""
         with self.recorded(self._inner) as tx:
             yield tx
 
@@ -150,7 +149,7 @@ class RecordingStore:
         return None
 
     def known(self, ids: Collection[str]) -> set[str]:
-        """``inner``'s look-up (:meth:`~kinbox.store.base.InboxStore.known`): nothing to record."""
+        """``inner``'s look-up (:meth:`~kinbox.core.inbox.InboxStore.known`): nothing to record."""
         return self._inner.known(ids)
 
     def close(self) -> None:

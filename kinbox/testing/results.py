@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kinbox.consume.envelope import Record
+from kinbox.core.record import Record
 
 Status = Literal["applied", "duplicate", "dead_lettered", "failed"]
 """A delivery's verdict; see :attr:`DeliveryResult.status`."""

@@ -5,7 +5,7 @@ failure pauses the partition, rewinds it to the failed record and tries again
 after a backoff (:mod:`kinbox.consume.backoff`). The settler does the same
 with the same pieces — the processor, the worker's own
 :class:`~kinbox.consume.backoff.Backoff` counting the tries, its
-:class:`~kinbox.apply.policy.RetryPolicy` saying how long it would wait —
+:class:`~kinbox.core.policy.RetryPolicy` saying how long it would wait —
 but tries again at once, so a test gets the final verdict of every record:
 applied, a duplicate, dead-lettered (a handler failing on its
 ``max_attempts``-th try, or raising ``DeadLetter``), or failed (an outage the
@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kinbox.apply.batch import BatchProcessor
-from kinbox.apply.outcome import BatchResult, Failure
-from kinbox.apply.policy import Decision, RetryPolicy
 from kinbox.consume.backoff import Backoff
-from kinbox.consume.envelope import Record
-from kinbox.kafka.base import Partition
+from kinbox.core.outcome import BatchResult, Failure
+from kinbox.core.policy import Decision, RetryPolicy
+from kinbox.core.record import Record
+from kinbox.core.transport import Partition
 from kinbox.testing.publisher import FakePublisher
 from kinbox.testing.recorder import Coordinates, InjectedCrash, Ledger, RecordingStore
 from kinbox.testing.results import DeliveryResult, FailedTry, Status

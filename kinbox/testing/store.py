@@ -1,4 +1,4 @@
-"""An in-memory :class:`~kinbox.store.base.InboxStore`: :class:`FakeStore` and its ``tx``.
+"""An in-memory :class:`~kinbox.core.inbox.InboxStore`: :class:`FakeStore` and its ``tx``.
 
 It keeps what PostgreSQL would keep in ``processed_events`` (a status and a
 reason per claimed id) and what handlers write (:attr:`FakeStore.effects`),
@@ -22,7 +22,7 @@ import psycopg
 from kinbox.core.describe import storable
 from kinbox.core.errors import ConflictError, StoreError
 from kinbox.core.event import Event
-from kinbox.store.base import first_occurrences
+from kinbox.core.inbox import first_occurrences
 from kinbox.store.errors import aborted_at_commit, behind, left_aborted, translate
 from kinbox.testing.awaiting import AwaitsAlone
 
@@ -88,7 +88,7 @@ class FakeTransaction(AwaitsAlone):
         """What handlers receive as ``tx``."""
 
     def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
-        """See :meth:`~kinbox.store.base.InboxTransaction.claim`; the store's knobs apply."""
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.claim`; the store's knobs apply."""
         store = self._store
         store.claims.append([e.id for e in events])
         self._usable()
@@ -114,7 +114,7 @@ class FakeTransaction(AwaitsAlone):
         return fresh
 
     def dead_letter(self, event: Event, reason: str) -> None:
-        """See :meth:`~kinbox.store.base.InboxTransaction.dead_letter`.
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.dead_letter`.
 
         ``reason`` is escaped and bounded as the real store does
         (:func:`kinbox.core.describe.storable`); ``refuse_reason`` sees it first.
@@ -128,7 +128,7 @@ class FakeTransaction(AwaitsAlone):
         self._store.reasons[event.id] = storable(reason, "UTF8")
 
     def check_deferred(self) -> None:
-        """See :meth:`~kinbox.store.base.InboxTransaction.check_deferred` (``refuse_commit``)."""
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.check_deferred` (``refuse_commit``)."""
         self._usable()
         try:
             self._store.check_deferred(self._mark)
@@ -138,7 +138,7 @@ class FakeTransaction(AwaitsAlone):
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
-        """See :meth:`~kinbox.store.base.InboxTransaction.savepoint`."""
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.savepoint`."""
         self._usable()
         self._store.savepoints += 1
         mark = len(self._store.effects)
@@ -157,7 +157,7 @@ class FakeTransaction(AwaitsAlone):
 
     @contextmanager
     def unguarded(self) -> Iterator[None]:
-        """See :meth:`~kinbox.store.base.InboxTransaction.unguarded`."""
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.unguarded`."""
         # Nothing to undo here: a failure rolls the whole transaction back.
         try:
             yield
@@ -168,7 +168,7 @@ class FakeTransaction(AwaitsAlone):
 
     @contextmanager
     def pipelined(self) -> Iterator[Callable[[], bool]]:
-        """See :meth:`~kinbox.store.base.InboxTransaction.pipelined`.
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.pipelined`.
 
         Statements here run at once, so errors are raised where they happen;
         :attr:`FakeStore.pipelined` counts the blocks.
@@ -178,12 +178,12 @@ class FakeTransaction(AwaitsAlone):
             yield lambda: not self.connection.aborted
 
     def outage(self, exc: BaseException) -> StoreError | None:
-        """See :meth:`~kinbox.store.base.InboxTransaction.outage` (the real store's rule)."""
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.outage` (the real store's rule)."""
         found = behind(exc, self.connection)
         return None if isinstance(found, ConflictError) else found
 
     def conflict(self, exc: BaseException) -> ConflictError | None:
-        """See :meth:`~kinbox.store.base.InboxTransaction.conflict` (the real store's rule)."""
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.conflict` (the real store's rule)."""
         found = behind(exc, self.connection)
         return found if isinstance(found, ConflictError) else None
 
@@ -199,7 +199,7 @@ class FakeTransaction(AwaitsAlone):
 
 
 class FakeStore:
-    """An :class:`~kinbox.store.base.InboxStore` in memory, for one consumer.
+    """An :class:`~kinbox.core.inbox.InboxStore` in memory, for one consumer.
 
     State, readable by tests: :attr:`status` and :attr:`reasons` (the
     ``processed_events`` rows), :attr:`claimed`, :attr:`effects` (what
@@ -281,7 +281,7 @@ class FakeStore:
 
     @contextmanager
     def transaction(self) -> Iterator[FakeTransaction]:
-        """See :meth:`~kinbox.store.base.InboxStore.transaction`; the knobs apply."""
+        """See :meth:`~kinbox.core.inbox.InboxStore.transaction`; the knobs apply."""
         with self._one_at_a_time:
             yield from self._transaction()
 
@@ -309,7 +309,7 @@ class FakeStore:
             raise StoreError("OperationalError: connection lost during COMMIT", transient=True)
 
     def known(self, ids: Collection[str]) -> set[str]:
-        """See :meth:`~kinbox.store.base.InboxStore.known`: the committed rows' ids among ``ids``.
+        """See :meth:`~kinbox.core.inbox.InboxStore.known`: the committed rows' ids among ``ids``.
 
         Never waits: while a transaction is open it reads the rows as they
         were before it began, so its claims are never seen uncommitted. The

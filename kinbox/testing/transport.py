@@ -1,4 +1,4 @@
-"""An in-memory :class:`~kinbox.kafka.base.Transport`: :class:`FakeTransport`, and :func:`record`.
+"""An in-memory :class:`~kinbox.core.transport.Transport`: :class:`FakeTransport`; :func:`record`.
 
 :class:`FakeTransport` is a broker with one group member: a log per
 partition, the member's positions and committed offsets, pause and seek.
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from kinbox.consume.envelope import Record
 from kinbox.core.errors import TransportError
-from kinbox.kafka.base import Partition, RebalanceListener
+from kinbox.core.record import Record
+from kinbox.core.transport import Partition, RebalanceListener
 
 
 class FakeTransport:
@@ -101,12 +101,12 @@ class FakeTransport:
 
     # Transport protocol
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
-        """See :meth:`~kinbox.kafka.base.Transport.subscribe`; the next poll assigns."""
+        """See :meth:`~kinbox.core.transport.Transport.subscribe`; the next poll assigns."""
         self.listener = listener
         self._joining = sorted(tp for tp in self.logs if tp[0] in topics)
 
     def poll(self, max_messages: int, timeout: float) -> list[Record]:
-        """See :meth:`~kinbox.kafka.base.Transport.poll`; never waits.
+        """See :meth:`~kinbox.core.transport.Transport.poll`; never waits.
 
         Runs :attr:`inside_poll` between its two calls; a record the first
         call returned for a partition revoked there is dropped.
@@ -146,7 +146,7 @@ class FakeTransport:
         return out
 
     def commit(self, offsets: Mapping[Partition, int], *, asynchronous: bool = False) -> None:
-        """See :meth:`~kinbox.kafka.base.Transport.commit`; ``commit_errors`` apply."""
+        """See :meth:`~kinbox.core.transport.Transport.commit`; ``commit_errors`` apply."""
         self.commit_calls.append(dict(offsets))
         error = self.commit_errors.pop(0) if self.commit_errors else None
         if error is None:
@@ -157,20 +157,20 @@ class FakeTransport:
             raise error
 
     def pause(self, partitions: Sequence[Partition]) -> None:
-        """See :meth:`~kinbox.kafka.base.Transport.pause`."""
+        """See :meth:`~kinbox.core.transport.Transport.pause`."""
         self.paused.update(partitions)
 
     def resume(self, partitions: Sequence[Partition]) -> None:
-        """See :meth:`~kinbox.kafka.base.Transport.resume`."""
+        """See :meth:`~kinbox.core.transport.Transport.resume`."""
         self.paused.difference_update(partitions)
 
     def seek(self, partition: Partition, offset: int) -> None:
-        """See :meth:`~kinbox.kafka.base.Transport.seek`."""
+        """See :meth:`~kinbox.core.transport.Transport.seek`."""
         self.position[partition] = offset
         self._sought.add(partition)
 
     def positions(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
-        """See :meth:`~kinbox.kafka.base.Transport.positions`: :attr:`position`, assigned only.
+        """See :meth:`~kinbox.core.transport.Transport.positions`: :attr:`position`, assigned only.
 
         The fake's logs have no transaction markers: the position is past the
         last record handed over. As librdkafka's, it is unknown after a seek
@@ -183,11 +183,11 @@ class FakeTransport:
         }
 
     def handed(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
-        """See :meth:`~kinbox.kafka.base.Transport.handed`."""
+        """See :meth:`~kinbox.core.transport.Transport.handed`."""
         return {tp: self._handed[tp] for tp in partitions if tp in self._handed}
 
     def close(self) -> None:
-        """See :meth:`~kinbox.kafka.base.Transport.close`: revokes what is assigned."""
+        """See :meth:`~kinbox.core.transport.Transport.close`: revokes what is assigned."""
         if self.listener is not None and self.assigned:
             self.revoke(sorted(self.assigned))
         self.closed = True
@@ -201,7 +201,7 @@ def record(
     value: bytes = b"{}",
     headers: Sequence[tuple[str, bytes | None]] | None = None,
 ) -> Record:
-    """A :class:`~kinbox.consume.envelope.Record` carrying ``event_id`` in its ``event-id`` header.
+    """A :class:`~kinbox.core.record.Record` carrying ``event_id`` in its ``event-id`` header.
 
     Args:
         topic: the record's topic.

@@ -16,9 +16,10 @@ from typing import Protocol
 
 from confluent_kafka import Producer
 
-from kinbox.consume.envelope import Record
 from kinbox.core.config import Settings
-from kinbox.kafka.base import Publisher, Transport
+from kinbox.core.publisher import Publisher
+from kinbox.core.record import Record
+from kinbox.core.transport import Transport
 from kinbox.kafka.consumer import KafkaTransport
 from kinbox.kafka.producer import KafkaPublisher
 from kinbox.testing import FakePublisher, FakeTransport

@@ -18,9 +18,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from kinbox.store.async_base import Awaiting
+from kinbox.core.inbox import Awaiting, InboxStore, InboxTransaction
 from kinbox.store.awaiting import AsyncPostgresInboxStore
-from kinbox.store.base import InboxStore, InboxTransaction
 from kinbox.store.postgres import PostgresInboxStore
 from kinbox.testing import FakeStore
 from tests.support.database import prepare_schema

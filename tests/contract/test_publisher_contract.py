@@ -1,6 +1,6 @@
 """The publisher contract, run over the fake publisher and KafkaPublisher on the real broker.
 
-What the dead-letter path relies on (:class:`kinbox.kafka.base.Publisher`): a
+What the dead-letter path relies on (:class:`kinbox.core.publisher.Publisher`): a
 record counts as sent only once a flush returned, and then it is in the topic
 as it was sent; a flush that fails raises, and nothing of it counts.
 """

@@ -1,6 +1,6 @@
 """The inbox store contract, run over the fake store and the real PostgreSQL store.
 
-What the batch processor relies on (:mod:`kinbox.store.base`), checked through
+What the batch processor relies on (:mod:`kinbox.core.inbox`), checked through
 the seam alone plus a look at the committed ``processed_events`` rows: the
 claim decides freshness once per (consumer, id), across transactions and
 within one claim; a rollback forgets a claim; a replay may take over a
@@ -20,7 +20,7 @@ import pytest
 from kinbox.core.describe import storable
 from kinbox.core.errors import StoreError
 from kinbox.core.event import Event
-from kinbox.store.base import InboxStore
+from kinbox.core.inbox import InboxStore
 from tests.contract.store_sides import Row, StoreSide
 
 T = "contract-events"

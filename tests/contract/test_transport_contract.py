@@ -1,6 +1,6 @@
 """The transport contract, run over the fake transport and KafkaTransport on the real broker.
 
-What the runner relies on (:mod:`kinbox.kafka.base`): subscribing brings the
+What the runner relies on (:mod:`kinbox.core.transport`): subscribing brings the
 topic's partitions through the listener, a poll hands each partition's
 records over in offset order, a commit is what the group reads back, pause
 holds one partition while the others flow, seek rewinds, the position
@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from kinbox.consume.envelope import Record
 from kinbox.core.errors import TransportError
-from kinbox.kafka.base import Partition, Transport
+from kinbox.core.record import Record
+from kinbox.core.transport import Partition, Transport
 from tests.contract.kafka_sides import TransportSide
 
 

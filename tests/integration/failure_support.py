@@ -9,10 +9,10 @@ from typing import Any
 from psycopg import sql
 
 from kinbox.app import App
-from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.event import Event
+from kinbox.core.record import Record
 from kinbox.kafka import read_topic
 from tests.integration import inbox_support
 from tests.support.database import Conn

@@ -17,9 +17,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from kinbox.app import App
 from kinbox.core.errors import DeadLetter, StoreError, TransactionControlError
 from kinbox.core.event import Event
+from kinbox.core.inbox import Awaiting
 from kinbox.devstack.stack import Stack
 from kinbox.params.wrap import prepare
-from kinbox.store.async_base import Awaiting
 from kinbox.store.awaiting import AsyncPostgresInboxStore, MixedInboxStore
 from tests.conftest import MakeTopic
 from tests.integration.failure_support import dead_letters, header, running, statuses

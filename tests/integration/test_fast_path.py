@@ -10,9 +10,9 @@ from psycopg import sql
 
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
-from kinbox.apply.outcome import BatchResult
 from kinbox.core.errors import DeadLetter
 from kinbox.core.event import Event
+from kinbox.core.outcome import BatchResult
 from kinbox.devstack.stack import Stack
 from kinbox.store.postgres import PostgresInboxStore
 from kinbox.testing import FakePublisher, record

@@ -43,10 +43,11 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from kinbox.app import App
-from kinbox.consume.envelope import Record, event_id
+from kinbox.apply.envelope import event_id
 from kinbox.core.config import Settings
 from kinbox.core.errors import EnvelopeError
 from kinbox.core.event import Event
+from kinbox.core.record import Record
 from kinbox.devstack.stack import Stack
 from tests.integration.failure_support import running
 from tests.integration.inbox_support import committed

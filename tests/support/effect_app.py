@@ -81,7 +81,7 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 from kinbox import App, Event
-from kinbox.consume.envelope import Record
+from kinbox.core.record import Record
 from tests.support.worker_log import BatchLog, header_id, process_log, stacks_on_sigusr1
 
 TOPIC = os.environ.get("FAULT_TOPIC", "fault-test")

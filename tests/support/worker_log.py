@@ -16,8 +16,8 @@ import signal
 from collections.abc import Callable, Sequence
 
 from kinbox import Middleware
-from kinbox.apply.outcome import BatchResult
-from kinbox.consume.envelope import Record
+from kinbox.core.outcome import BatchResult
+from kinbox.core.record import Record
 
 
 def stacks_on_sigusr1() -> None:

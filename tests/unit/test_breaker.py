@@ -10,15 +10,14 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.apply import deadletter
-from kinbox.apply.deadletter import HANDLER_ERROR, Letter
-from kinbox.apply.outcome import BatchResult, Failure
 from kinbox.consume.breaker import Breaker, State
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError, DeadLetter, StoreError
 from kinbox.core.event import Event
-from kinbox.kafka.base import Partition
+from kinbox.core.letter import HANDLER_ERROR, INVALID_ID, REQUESTED, Letter
+from kinbox.core.outcome import BatchResult, Failure
+from kinbox.core.transport import Partition
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit
@@ -65,7 +64,7 @@ def test_distinct_failed_events_in_a_row_open_it_and_pause_every_partition() -> 
     brk.observe(handler_failed(1, 0))
     assert state(brk) is State.CLOSED
     assert brk.gate([P0, P1, P2], backing_off=[P0, P1]) is True
-    brk.observe(dead_lettered(2, 7, deadletter.HANDLER_ERROR))  # tries ran out: counts
+    brk.observe(dead_lettered(2, 7, HANDLER_ERROR))  # tries ran out: counts
     assert state(brk) is State.OPEN
     # Open: every partition no backoff holds is paused, and the backoff may not resume any
     assert brk.gate([P0, P1, P2], backing_off=[P0, P1]) is False
@@ -103,8 +102,8 @@ def test_poison_events_among_applied_ones_never_open_it() -> None:
 @pytest.mark.parametrize(
     "result",
     [
-        dead_lettered(0, 1, deadletter.INVALID_ID),
-        dead_lettered(0, 1, f"{deadletter.REQUESTED}: refused on purpose"),
+        dead_lettered(0, 1, INVALID_ID),
+        dead_lettered(0, 1, f"{REQUESTED}: refused on purpose"),
         BatchResult(None, Failure(T, 0, 1, 1, StoreError("down", transient=True))),
         BatchResult(5, duplicates=5),
     ],

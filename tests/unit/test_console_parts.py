@@ -24,9 +24,9 @@ from kinbox.console.parked import ParkedKey, ParkedKeys
 from kinbox.console.redact import Scrubber
 from kinbox.console.settings import ConsoleSettings
 from kinbox.console.state import Console
-from kinbox.consume.envelope import Record
 from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError
+from kinbox.core.record import Record
 
 TOKEN = "t0ken-for-the-unit-tests-0123456789"
 URL = "postgresql://op:p%40ss-W0rd-x@db.internal:5432/app"

@@ -22,11 +22,11 @@ import pytest
 
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
-from kinbox.consume.envelope import Record
 from kinbox.core import failpoints
 from kinbox.core.errors import DeadLetter
 from kinbox.core.event import Event
 from kinbox.core.failpoints import FailpointError
+from kinbox.core.record import Record
 from kinbox.testing import FakePublisher, FakeStore, record
 from kinbox.testing.store import FakeTransaction
 

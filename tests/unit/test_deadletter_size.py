@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kinbox.apply.deadletter import PREFIX, RECORD_OVERHEAD_BYTES, Letter, headers
-from kinbox.consume.envelope import Record
 from kinbox.core.errors import TransportError
+from kinbox.core.letter import PREFIX, RECORD_OVERHEAD_BYTES, Letter, headers
+from kinbox.core.record import Record
 
 pytestmark = pytest.mark.unit
 

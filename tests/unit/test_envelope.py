@@ -4,8 +4,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kinbox.consume.envelope import MAX_ID_BYTES, Record, event_id, to_event
+from kinbox.apply.envelope import MAX_ID_BYTES, event_id, to_event
 from kinbox.core.errors import EnvelopeError
+from kinbox.core.record import Record
 
 pytestmark = pytest.mark.unit
 

@@ -22,7 +22,7 @@ def test_importing_producer_outbox_loads_no_consumer_module() -> None:
     consumer = [
         "kinbox.app", "kinbox.consume.runner", "kinbox.apply.batch", "kinbox.store.postgres",
         "kinbox.kafka.consumer", "kinbox.kafka.producer", "kinbox.kafka.reader",
-        "kinbox.core.config", "kinbox.consume.envelope", "kinbox.core.event",
+        "kinbox.core.config", "kinbox.apply.envelope", "kinbox.core.event",
         "kinbox.middleware.base",
         "kinbox.middleware.telemetry", "opentelemetry",
     ]  # fmt: skip

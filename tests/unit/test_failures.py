@@ -16,13 +16,14 @@ from hypothesis import strategies as st
 
 from kinbox.app import App
 from kinbox.apply import narrow
-from kinbox.apply.deadletter import REPLAY_HEADER
+from kinbox.apply.envelope import event_id
 from kinbox.apply.narrow import CONFLICT_RETRIES
-from kinbox.consume.envelope import Record, event_id
 from kinbox.consume.runner import Runner
 from kinbox.core.config import DEFAULT_ID_HEADERS, Settings
 from kinbox.core.errors import DeadLetter, EnvelopeError, Retry, TransportError
 from kinbox.core.event import Event
+from kinbox.core.letter import REPLAY_HEADER
+from kinbox.core.record import Record
 from kinbox.middleware.base import Middleware
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 

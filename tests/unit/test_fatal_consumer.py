@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.errors import FatalTransportError
 from kinbox.core.event import Event
-from kinbox.kafka.base import Partition
+from kinbox.core.record import Record
+from kinbox.core.transport import Partition
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit

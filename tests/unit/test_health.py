@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import pytest
 
 from kinbox.core.errors import TransportError
-from kinbox.kafka.base import Partition
+from kinbox.core.transport import Partition
 from kinbox.ops.health import Health, HealthServer, ObservedTransport
 from kinbox.testing import FakeTransport
 

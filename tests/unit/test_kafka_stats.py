@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from kinbox.consume.lag import LagBoard
 from kinbox.core.config import Settings
+from kinbox.core.lag import LagBoard
 from kinbox.kafka.consumer import consumer_config
 from kinbox.kafka.stats import DEFAULT_INTERVAL_MS, lags, on_stats
 

@@ -27,8 +27,8 @@ CORE_MODULES = (
     "kinbox.core.errors",
     "kinbox.core.event",
     "kinbox.core.names",
-    "kinbox.kafka.base",
-    "kinbox.store.base",
+    "kinbox.core.transport",
+    "kinbox.core.inbox",
     "kinbox.middleware.base",
 )
 # Loaded only for a handler whose annotations name the optional library.

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.apply.deadletter import Letter
-from kinbox.apply.outcome import BatchResult
-from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError, DeadLetter
 from kinbox.core.event import Event
+from kinbox.core.letter import Letter
+from kinbox.core.outcome import BatchResult
+from kinbox.core.record import Record
 from kinbox.middleware.base import Middleware
 from kinbox.middleware.telemetry import Telemetry
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record

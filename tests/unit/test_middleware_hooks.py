@@ -14,13 +14,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from kinbox.app import App
 from kinbox.apply.kinds import EachEvent, WholeBatch
-from kinbox.apply.outcome import BatchResult, Failure
-from kinbox.apply.policy import Decision
-from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.errors import FatalTransportError
 from kinbox.core.event import Event
+from kinbox.core.outcome import BatchResult, Failure
+from kinbox.core.policy import Decision
+from kinbox.core.record import Record
 from kinbox.middleware.base import Middleware, WorkerInfo
 from kinbox.middleware.telemetry import Telemetry
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record

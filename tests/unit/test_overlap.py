@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.consume.envelope import Record
 from kinbox.consume.lanes import Lanes
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.event import Event
+from kinbox.core.record import Record
 from kinbox.middleware.base import Middleware
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record
 

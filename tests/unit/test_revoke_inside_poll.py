@@ -21,12 +21,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kinbox.app import App
-from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.errors import TransportError
 from kinbox.core.event import Event
-from kinbox.kafka.base import Partition
+from kinbox.core.record import Record
+from kinbox.core.transport import Partition
 from kinbox.testing import FakeStore, FakeTransport, InlineExecutor, record
 
 pytestmark = pytest.mark.unit

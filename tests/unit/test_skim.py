@@ -14,14 +14,14 @@ import pytest
 
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
-from kinbox.apply.deadletter import REPLAY_HEADER
-from kinbox.apply.outcome import BatchResult, Step
 from kinbox.apply.skim import RUN_BATCHES, worth_skimming
-from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.errors import DeadLetter, Retry
 from kinbox.core.event import Event
+from kinbox.core.letter import REPLAY_HEADER
+from kinbox.core.outcome import BatchResult, Step
+from kinbox.core.record import Record
 from kinbox.middleware.base import Middleware
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 from tests.unit.test_breaker import Held

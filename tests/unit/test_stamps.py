@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError
 from kinbox.core.event import Event
-from kinbox.kafka.base import Transport
+from kinbox.core.record import Record
+from kinbox.core.transport import Transport
 from kinbox.middleware.base import Middleware
 from kinbox.ops import stamps
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, record

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from kinbox.app import App
-from kinbox.consume.envelope import Record
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.errors import EnvelopeError, ExitRequested, FatalTransportError, ThreadDied
 from kinbox.core.event import Event
+from kinbox.core.record import Record
 from kinbox.middleware.base import Middleware
 from kinbox.ops.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from kinbox.ops.shutdown import ShutdownBound, watch_threads

@@ -16,13 +16,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NoOpTracerProvider, SpanKind
 
 from kinbox.app import App
-from kinbox.consume.envelope import Record
-from kinbox.consume.lag import LagBoard
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError, DeadLetter
 from kinbox.core.event import Event
+from kinbox.core.lag import LagBoard
 from kinbox.core.otel.instruments import metrics_on, tracing_on
+from kinbox.core.record import Record
 from kinbox.middleware.telemetry import Telemetry
 from kinbox.testing import FakePublisher, FakeStore, FakeTransport, InlineExecutor, record
 

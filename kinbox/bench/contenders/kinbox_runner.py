@@ -24,7 +24,7 @@ from kinbox.bench.spec import ChildSpec
 from kinbox.core.config import Settings
 from kinbox.core.errors import ConflictError, StoreError
 from kinbox.core.event import Event
-from kinbox.store.base import InboxStore, InboxTransaction
+from kinbox.core.inbox import InboxStore, InboxTransaction
 
 
 def app(spec: ChildSpec, *, batch: bool) -> App:

@@ -1,4 +1,4 @@
-"""Turn a Kafka record into an :class:`~kinbox.core.event.Event`, or say why not.
+"""Turn a consumed :class:`~kinbox.core.record.Record` into an :class:`~kinbox.core.event.Event`.
 
 The event id comes from the first configured header present (``event-id``,
 then CloudEvents' ``ce_id``, then Debezium's ``id`` by default). A record
@@ -18,34 +18,16 @@ read at all (a header *name* that is not UTF-8) has no id either.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from kinbox.core.describe import text
 from kinbox.core.errors import EnvelopeError, StoreError
 from kinbox.core.event import Event
+from kinbox.core.record import Record
 
 MAX_ID_BYTES = 255
 """Longest event id accepted, in UTF-8 bytes (the ``event_id`` column holds text)."""
 
 _ABSENT = object()
-
-
-class Record(NamedTuple):
-    """A Kafka record as the transport hands it over: plain data, no client objects.
-
-    An immutable named tuple: one is built per consumed record, and a tuple
-    costs a fraction of a frozen dataclass to build.
-    """
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes | None]] = ()
-    timestamp: int | None = None
-    headers_error: str | None = None
-    """Why the headers could not be read (then ``headers`` is empty), if they could not."""
 
 
 def event_id(record: Record, id_headers: Sequence[str]) -> str:

@@ -1,10 +1,10 @@
 """What became of one partition batch: :class:`BatchResult`, :class:`Failure`, each :class:`Step`.
 
-Also the control flow that carries a handler's failure out of a transaction
-(:class:`HandlerFailed`, :class:`Abandoned`, with a :class:`Verdict`,
-:class:`Unpipelined`, and :class:`Conflicted`).
+Also the :class:`Verdict` on an event a pass gave up for good. The control
+flow that carries a handler's failure out of a transaction is the engine's
+own (:mod:`kinbox.apply.control`).
 
-A leaf shared by the batch processor, the runner, the failure policy and the
+Shared by the batch processor, the runner, the failure policy and the
 middleware; it imports nothing of them, so no circle forms between them.
 """
 
@@ -14,13 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kinbox.core.describe import describe
 from kinbox.core.errors import EnvelopeError, StoreError, TransportError
 
 if TYPE_CHECKING:
-    from kinbox.apply.deadletter import Letter
-    from kinbox.consume.envelope import Record
     from kinbox.core.event import Event
+    from kinbox.core.letter import Letter
+    from kinbox.core.record import Record
 
 
 @dataclass(frozen=True)
@@ -133,55 +132,9 @@ class Step:
     error: BaseException | None = None
 
 
-class HandlerFailed(Exception):
-    """A handler failed, not for the last time: carries it out of the transaction."""
-
-    def __init__(self, event: Event, cause: BaseException) -> None:
-        super().__init__(describe(cause))
-        self.event = event
-        self.cause = cause
-
-
 @dataclass(frozen=True)
 class Verdict:
     """A permanent failure seen in an earlier pass: why, and what was raised."""
 
     reason: str
     error: BaseException
-
-
-class Unpipelined(Exception):
-    """A pipelined pass failed somewhere: roll back, redo without the pipeline.
-
-    Under the pipeline a statement's error may surface in a later handler or
-    only at the end, so it says nothing about which event failed; the redo
-    runs each handler's statements one by one, and blames the right one.
-    """
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(describe(cause))
-        self.cause = cause
-
-
-class Conflicted(Exception):
-    """The server aborted the transaction over a conflict with another: roll back, redo at once.
-
-    A serialization failure or a deadlock (:class:`~kinbox.core.errors.ConflictError`),
-    met by ``event``'s handler, or (``event`` ``None``) by kinbox's own
-    statement or COMMIT. Not a try of any event; :mod:`kinbox.apply.narrow`
-    bounds how many come in a row.
-    """
-
-    def __init__(self, cause: BaseException, event: Event | None = None) -> None:
-        super().__init__(describe(cause))
-        self.cause = cause
-        self.event = event
-
-
-class Abandoned(Exception):
-    """An optimistic pass met a permanent failure: roll back, redo carefully."""
-
-    def __init__(self, event: Event, verdict: Verdict) -> None:
-        super().__init__(verdict.reason)
-        self.event = event
-        self.verdict = verdict

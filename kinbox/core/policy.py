@@ -17,8 +17,8 @@ from typing import Literal, Protocol
 
 import tenacity
 
-from kinbox.apply.outcome import Failure
 from kinbox.core.errors import Retry
+from kinbox.core.outcome import Failure
 
 
 @dataclass(frozen=True)

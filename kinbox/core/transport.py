@@ -1,11 +1,11 @@
-"""The Kafka seam, free of any driver: what the core needs from Kafka.
+"""The consuming side of the Kafka seam, free of any driver: what the runner needs from Kafka.
 
 :class:`Transport` (the group member's consumer, with a
-:class:`RebalanceListener`) and :class:`Publisher` (dead letters and replays)
-are what the runner and the batch processor depend on. This module imports
-no Kafka client, so the core loads no librdkafka: :mod:`kinbox.kafka.consumer`
-and :mod:`kinbox.kafka.producer` are the real implementations, on
-confluent-kafka, and :mod:`kinbox.testing` has fakes.
+:class:`RebalanceListener`) is what the runner depends on. This module imports
+no Kafka client, so the engine loads no librdkafka:
+:class:`~kinbox.kafka.consumer.KafkaTransport` is the real implementation, on
+confluent-kafka, and :mod:`kinbox.testing` has a fake. The producing side is
+:mod:`kinbox.core.publisher`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from kinbox.consume.envelope import Record
     from kinbox.core.errors import TransportError
+    from kinbox.core.record import Record
 
 Partition = tuple[str, int]
 """A (topic, partition) pair."""
@@ -147,31 +147,3 @@ class ForwardingTransport:
     def close(self) -> None:
         """See :meth:`Transport.close`."""
         self._inner.close()
-
-
-class Publisher(Protocol):
-    """Produces records and says when the broker has acknowledged all of them."""
-
-    def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Sequence[tuple[str, bytes | None]],
-    ) -> None:
-        """Queue one record (asynchronous; :meth:`flush` waits for it).
-
-        Raises:
-            TransportError: the client refused it at once (too large, unknown topic...).
-        """
-
-    def flush(self) -> None:
-        """Wait until every queued record is acknowledged.
-
-        Raises:
-            TransportError: a record failed or was not acknowledged in time;
-                the caller must treat none of them as delivered.
-        """
-
-    def close(self) -> None:
-        """Flush what is left (best effort) and release the client."""
