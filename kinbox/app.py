@@ -18,8 +18,7 @@ from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError
 from kinbox.core.names import topic_name
 from kinbox.middleware.base import Middleware
-from kinbox.params.signature import awaits
-from kinbox.params.wrap import opens_session, prepare
+from kinbox.params.wrap import prepare
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -178,15 +177,14 @@ class App:
         def register(fn: F) -> F:
             if not callable(fn):
                 raise ConfigurationError(f"@handler({topic!r}) needs a callable, got {fn!r}")
-            call = prepare(
+            prepared = prepare(
                 fn,
                 batch=batch,
                 where=f"@handler({topic!r})",
                 value_deserializer=value_deserializer,
                 default_deserializer=self._value_deserializer,
             )
-            # An ORM session reads results at once: no pipelined pass for it.
-            kind = kind_for(call, batch=batch, awaits=awaits(fn), pipelines=not opens_session(call))
+            kind = kind_for(prepared, batch=batch)
             route = Route(topic, fn, kind, max_attempts, dead_letter_topic)
             existing = self._routes.get(topic)
             if existing is not None:

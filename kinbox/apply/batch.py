@@ -103,6 +103,7 @@ from kinbox.core.letter import INVALID_ID, Letter, is_replay
 from kinbox.core.outcome import BatchResult, Failure, Step
 from kinbox.core.publisher import Publisher
 from kinbox.core.record import Record
+from kinbox.core.transport import ValueReader
 from kinbox.middleware.base import Chain, Middleware
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,12 @@ class BatchProcessor:
         batch_size: records one transaction takes at most (``None``: all
             those given); a longer run of records (a skim's) is applied as
             several batches.
+        value_reader: the Kafka driver's reader, for handlers whose values a
+            confluent-kafka deserializer reads (:mod:`kinbox.kafka.serde`).
+
+    Raises:
+        ConfigurationError: a handler needs what ``store`` or
+            ``value_reader`` cannot give (an ORM session, a reader).
     """
 
     def __init__(
@@ -154,14 +161,17 @@ class BatchProcessor:
         middleware: Sequence[Middleware] = (),
         dead_letter_limits: Mapping[str, int] | None = None,
         batch_size: int | None = None,
+        value_reader: ValueReader | None = None,
     ) -> None:
-        self._routes = routes
         self._store = store
         self._batch_size = batch_size
         # Each route's transactions run in the store its kind picks (an
-        # async handler's: the same inbox on an AsyncConnection), chosen now,
-        # so no batch asks which kind it holds.
+        # async handler's: the same inbox on an AsyncConnection), and its
+        # handler gets what the drivers add (an ORM session from that store,
+        # the reader of a deserializer), chosen now, so no batch asks which
+        # kind it holds.
         self._stores = {topic: route.kind.pick_store(store) for topic, route in routes.items()}
+        self._routes = {t: r.bound(self._stores[t], value_reader) for t, r in routes.items()}
         self._id_headers = tuple(id_headers)
         self._publisher: Publisher = publisher or _NoPublisher()
         self._chain = Chain(middleware)

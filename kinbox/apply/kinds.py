@@ -47,11 +47,27 @@ from kinbox.core.errors import ExitRequested, HandlerAborted, WorkerExit
 from kinbox.core.event import Event
 from kinbox.core.inbox import Awaiting, InboxStore, async_store
 from kinbox.core.outcome import Verdict
+from kinbox.core.transport import ValueReader
+from kinbox.params.wrap import Prepared
 
 T = TypeVar("T")
 
 
-class EachEvent:
+class _Kind:
+    """What every kind holds: the prepared handler, and its call."""
+
+    def __init__(self, prepared: Prepared) -> None:
+        self._prepared = prepared
+        self._fn: Callable[[Any, Any], object] = prepared.call
+
+    def bound(self, store: InboxStore, value_reader: ValueReader | None) -> HandlerKind:
+        """See :meth:`HandlerKind.bound`: a kind of the same class, or itself."""
+        if not self._prepared.unbound:
+            return cast(HandlerKind, self)
+        return cast(HandlerKind, type(self)(self._prepared.bound(store, value_reader)))
+
+
+class EachEvent(_Kind):
     """``fn(event, tx)`` per fresh event: optimistically, then carefully if need be.
 
     The optimistic pass runs the events one after another with no savepoint,
@@ -72,9 +88,10 @@ class EachEvent:
 
     name = "event"
 
-    def __init__(self, fn: Callable[[Event, Any], object], *, pipelines: bool = True) -> None:
-        self._fn = fn
-        self._pipelines = pipelines  # False: never pipelined (an ORM session's handler)
+    def __init__(self, prepared: Prepared) -> None:
+        super().__init__(prepared)
+        # Never pipelined: an ORM session's statements read their results at once.
+        self._pipelines = prepared.session is None
 
     def run(
         self, calls: Calls, events: list[Event], *, careful: bool, pipelined: bool = False
@@ -145,7 +162,7 @@ class EachEvent:
         return store
 
 
-class WholeBatch:
+class WholeBatch(_Kind):
     """``fn(events, tx)`` once per partition batch, under one savepoint.
 
     On the events' last try the function cannot say which event is the
@@ -155,9 +172,6 @@ class WholeBatch:
     """
 
     name = "batch"
-
-    def __init__(self, fn: Callable[[list[Event], Any], object]) -> None:
-        self._fn = fn
 
     def run(
         self, calls: Calls, events: list[Event], *, careful: bool, pipelined: bool = False
@@ -295,14 +309,12 @@ def _where(subject: Event | Sequence[Event]) -> str:
     return f"{place}..{last.offset} ({len(events)} events)"
 
 
-def kind_for(
-    fn: Callable[..., object], *, batch: bool, awaits: bool = False, pipelines: bool = True
-) -> HandlerKind:
-    """The kind that calls ``fn``: per batch if ``batch``, else per event; awaited if ``awaits``.
+def kind_for(prepared: Prepared, *, batch: bool) -> HandlerKind:
+    """The kind that calls ``prepared``: per batch if ``batch``, else per event; awaited if async.
 
-    ``pipelines`` false keeps a per-event handler's optimistic pass out of
-    pipeline mode (a handler whose statements must read results at once).
+    A per-event handler that takes an ORM session never runs its optimistic
+    pass in pipeline mode: its statements read their results at once.
     """
-    if awaits:
-        return AwaitedWholeBatch(fn) if batch else AwaitedEachEvent(fn, pipelines=pipelines)
-    return WholeBatch(fn) if batch else EachEvent(fn, pipelines=pipelines)
+    if prepared.awaits:
+        return AwaitedWholeBatch(prepared) if batch else AwaitedEachEvent(prepared)
+    return WholeBatch(prepared) if batch else EachEvent(prepared)

@@ -8,6 +8,7 @@ chosen when the handler is registered, so no call branches on a flag.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -16,6 +17,7 @@ from kinbox.core.event import Event
 
 if TYPE_CHECKING:
     from kinbox.core.inbox import InboxStore, InboxTransaction
+    from kinbox.core.transport import ValueReader
 
 EventHandler = Callable[[Event, Any], object]
 """``handler(event, tx)``: ``tx`` is the psycopg ``Connection`` (an ``AsyncConnection`` for
@@ -85,6 +87,17 @@ class HandlerKind(Protocol):
             StoreError: the database went away (also when a handler saw it).
         """
 
+    def bound(self, store: InboxStore, value_reader: ValueReader | None) -> HandlerKind:
+        """The kind with what its handler needs of the drivers (asked once, at start).
+
+        ``store`` is the one :meth:`pick_store` chose: it opens a handler's
+        ORM session; ``value_reader`` reads what a confluent-kafka
+        deserializer makes of a value. Itself when the handler needs neither.
+
+        Raises:
+            ConfigurationError: the handler needs what is not there.
+        """
+
     def pick_store(self, store: InboxStore) -> InboxStore:
         """The store this kind's transactions run in, given the worker's (asked once, at start).
 
@@ -108,6 +121,11 @@ class Route:
     """Tries before a failing event is dead-lettered; ``None``: the ``max_attempts`` setting."""
     dead_letter_topic: str | None = None
     """Where this topic's dead letters go; ``None``: ``<topic>.dlq``."""
+
+    def bound(self, store: InboxStore, value_reader: ValueReader | None) -> Route:
+        """The route with what its handler needs of the drivers (:meth:`HandlerKind.bound`)."""
+        kind = self.kind.bound(store, value_reader)
+        return self if kind is self.kind else dataclasses.replace(self, kind=kind)
 
     @property
     def batch(self) -> bool:

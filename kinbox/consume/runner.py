@@ -65,7 +65,7 @@ from kinbox.core.outcome import BatchResult
 from kinbox.core.policy import FailurePolicy, RetryPolicy
 from kinbox.core.publisher import Publisher
 from kinbox.core.record import Record
-from kinbox.core.transport import Partition, Transport
+from kinbox.core.transport import Partition, Transport, ValueReader, ValueReading
 from kinbox.middleware.base import Chain, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,10 @@ class Runner:
             before anything is closed, with the error that ends it (``None``
             after :meth:`stop` without one): ``kinbox worker`` starts the
             clock of its shutdown bound there.
+        value_reader: the Kafka driver's reader of confluent-kafka
+            deserializers' values, for handlers registered with one; by
+            default ``transport``'s, when it reads values
+            (:class:`~kinbox.core.transport.ValueReading`).
     """
 
     def __init__(
@@ -146,6 +150,7 @@ class Runner:
         executor: Executor | None = None,
         lag: LagBoard | None = None,
         on_stopping: Callable[[BaseException | None], None] | None = None,
+        value_reader: ValueReader | None = None,
     ) -> None:
         if not app.routes:
             raise ConfigurationError(f"{app!r} has no handlers: decorate one with @handler")
@@ -155,6 +160,8 @@ class Runner:
         self._store = store
         self._publisher = publisher
         self._lag = lag
+        if value_reader is None and isinstance(transport, ValueReading):
+            value_reader = transport.value_reader
         self._processor = BatchProcessor(
             app.routes,
             store,
@@ -166,6 +173,7 @@ class Runner:
             middleware=app.middleware,
             dead_letter_limits=dead_letter_limits,
             batch_size=settings.batch_max_messages,
+            value_reader=value_reader,
         )
         self._stopping = False
         self._stop_at: float | None = None  # when the stop began (time.monotonic)

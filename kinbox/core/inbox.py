@@ -13,6 +13,11 @@ asks the worker's store for the same inbox on an async connection
 handler's coroutine through the transaction (:class:`Awaiting`).
 :class:`~kinbox.store.awaiting.MixedInboxStore` is the real implementation,
 :class:`~kinbox.testing.FakeStore` a fake.
+
+ORM sessions: a handler that takes a SQLAlchemy session says so when it is
+registered (:class:`~kinbox.params.wrap.Prepared`); the store whose
+transactions it runs in binds the session to their connection
+(:class:`SessionCapable`, asked once, when the batch code is set up).
 """
 
 from __future__ import annotations
@@ -212,4 +217,36 @@ def async_store(store: InboxStore) -> InboxStore:
     raise ConfigurationError(
         f"an async handler needs an inbox store that runs async handlers; {store!r} does not "
         "(it has no for_async())"
+    )
+
+
+Invoke = Callable[[object, object, Any, Any], object]
+"""``invoke(payload, event, tx, session)``: a handler called with its parameters filled."""
+
+
+@runtime_checkable
+class SessionCapable(Protocol):
+    """A store that hands handlers an ORM session inside its transactions."""
+
+    def sessions(self, session_class: type) -> Callable[[Invoke], Invoke]:
+        """Wrap ``invoke``: its ``session`` is a fresh ``session_class`` in the call's transaction.
+
+        The session runs on the connection the call gets as ``tx`` and joins
+        the inbox transaction: what it writes commits with the event's claim,
+        or not at all. Asked once per route whose handler takes a session,
+        when the worker's batch code is set up (SQLAlchemy is loaded then).
+        """
+
+
+def session_opener(store: InboxStore, session_class: type) -> Callable[[Invoke], Invoke]:
+    """What wraps a handler's call with a ``session_class`` session of ``store``'s transactions.
+
+    Raises:
+        ConfigurationError: ``store`` cannot (it has no ``sessions()``).
+    """
+    if isinstance(store, SessionCapable):
+        return store.sessions(session_class)
+    raise ConfigurationError(
+        f"a handler that takes a {session_class.__name__} needs an inbox store that opens "
+        f"sessions; {store!r} does not (it has no sessions())"
     )

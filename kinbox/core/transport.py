@@ -10,8 +10,10 @@ confluent-kafka, and :mod:`kinbox.testing` has a fake. The producing side is
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from kinbox.core.event import Event
 
 if TYPE_CHECKING:
     from kinbox.core.errors import TransportError
@@ -19,6 +21,15 @@ if TYPE_CHECKING:
 
 Partition = tuple[str, int]
 """A (topic, partition) pair."""
+
+ValueReader = Callable[[object], Callable[[Event], object]]
+"""Makes a Kafka client library's deserializer into a reader of an event's value.
+
+A handler registered with a confluent-kafka ``Deserializer`` (Schema
+Registry's Avro, Protobuf, JSON Schema) reads its payload through one: the
+Kafka driver's (:meth:`ValueReading.value_reader`), which the runner hands
+to its batch code when it starts.
+"""
 
 
 class RebalanceListener(Protocol):
@@ -147,3 +158,15 @@ class ForwardingTransport:
     def close(self) -> None:
         """See :meth:`Transport.close`."""
         self._inner.close()
+
+
+@runtime_checkable
+class ValueReading(Protocol):
+    """A transport whose client library has deserializers of its own, and reads values with them."""
+
+    def value_reader(self, deserializer: object) -> Callable[[Event], object]:
+        """Event -> what ``deserializer`` (a confluent-kafka ``Deserializer``) makes of its value.
+
+        A :data:`ValueReader`; asked once per handler registered with such a
+        deserializer, when the runner starts.
+        """

@@ -50,6 +50,7 @@ from confluent_kafka import (
 from kinbox.core import describe as text
 from kinbox.core.config import Settings
 from kinbox.core.errors import FatalTransportError
+from kinbox.core.event import Event
 from kinbox.core.failpoints import failpoint
 from kinbox.core.lag import LagBoard
 from kinbox.core.record import Record
@@ -353,6 +354,12 @@ class KafkaTransport:
         except KafkaException as exc:
             raise translate(f"reading the positions of {list(partitions)}", exc) from exc
         return {(tp.topic, tp.partition): tp.offset for tp in parts if tp.offset >= 0}
+
+    def value_reader(self, deserializer: object) -> Callable[[Event], object]:
+        """A reader of ``deserializer`` (see :class:`~kinbox.core.transport.ValueReading`)."""
+        from kinbox.kafka.serde import reader  # loaded only for handlers registered with one
+
+        return reader(deserializer)
 
     def close(self) -> None:
         """See :meth:`Transport.close`."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import cast
 
 from confluent_kafka.serialization import Deserializer, MessageField, SerializationContext
 
@@ -35,19 +36,23 @@ REGISTRY_RETRY_DELAY = 1.0
 """Seconds before an event whose schema could not be fetched is tried again."""
 
 
-def reader(deserializer: Deserializer) -> Callable[[Event], object]:
+def reader(deserializer: object) -> Callable[[Event], object]:
     """Event -> what ``deserializer`` makes of its value (``None`` for an empty value).
+
+    The :data:`~kinbox.core.transport.ValueReader` the worker hands its batch
+    code; ``deserializer`` is a confluent-kafka ``Deserializer``.
 
     Raises (from the returned function):
         Retry: the schema registry could not be reached.
         Exception: whatever the deserializer raised about the record itself.
     """
+    call = cast(Deserializer, deserializer)
 
     def read(event: Event) -> object:
         context = SerializationContext(event.topic, MessageField.VALUE, list(event.headers))
         try:
             # An empty value is a tombstone; confluent's deserializers take it as None.
-            return deserializer(event.value or None, context)
+            return call(event.value or None, context)
         except Exception as exc:
             if unavailable(exc):
                 raise Retry(REGISTRY_RETRY_DELAY, f"schema registry: {describe(exc)}") from exc

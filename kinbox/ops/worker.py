@@ -216,7 +216,7 @@ def run(app: App, settings: Settings) -> None:
 
     runner = Runner(
         app, settings, observed, store, publisher=publisher, dead_letter_limits=limits, lag=lag,
-        on_stopping=stopping,
+        on_stopping=stopping, value_reader=transport.value_reader,
     )  # fmt: skip
     _install_signals(runner, bound)
     watch_threads(lambda died: _thread_died(runner, bound, died))

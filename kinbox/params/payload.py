@@ -17,11 +17,13 @@ anything else            validated by pydantic's ``TypeAdapter``: a pydantic
 With ``value_deserializer=`` (per handler, or the App's default for its typed
 handlers) the value goes through it first — a callable ``bytes -> object``, or
 a confluent-kafka ``Deserializer`` such as ``confluent_kafka.schema_registry``'s
-Avro, Protobuf or JSON Schema one, which also gets the topic and the headers
-(:mod:`kinbox.kafka.serde`). What it returns is then converted to the
-annotation: kept when it already is an instance (a Protobuf message), else
-validated as above from Python objects (an Avro record's dict into a pydantic
-model, say); no annotation takes it as it is.
+Avro, Protobuf or JSON Schema one, which also gets the topic and the headers:
+the Kafka driver reads with it (:mod:`kinbox.kafka.serde`, handed over when
+the worker starts, see :class:`~kinbox.params.wrap.Prepared`). What it
+returns is then converted to the annotation: kept when it already is an
+instance (a Protobuf message), else validated as above from Python objects
+(an Avro record's dict into a pydantic model, say); no annotation takes it as
+it is.
 
 Everything is chosen here, at registration: a call runs one prepared function.
 A value that does not decode or validate raises
@@ -44,6 +46,7 @@ from typing import Any
 from kinbox.core.describe import describe
 from kinbox.core.errors import ConfigurationError, InvalidPayload, KinboxError
 from kinbox.core.event import Event
+from kinbox.core.transport import ValueReader
 from kinbox.params import structs
 from kinbox.params.signature import describe_type, strip
 
@@ -52,8 +55,13 @@ Decode = Callable[[Event], object]
 Convert = Callable[[Any], object]
 
 
-def decoder(target: object, deserializer: object | None, *, where: str) -> Decode:
+def decoder(
+    target: object, deserializer: object | None, *, where: str, read: ValueReader | None = None
+) -> Decode:
     """The function that turns an event into the payload ``target`` asks for.
+
+    ``read`` is the Kafka driver's reader, for a ``deserializer`` that is the
+    Kafka client library's (:func:`from_kafka`).
 
     Raises:
         ConfigurationError: ``target`` cannot be decoded into (say, it needs
@@ -64,7 +72,8 @@ def decoder(target: object, deserializer: object | None, *, where: str) -> Decod
     if deserializer is None:
         decode = _from_bytes(inner, where=where)
     else:
-        decode = _compose(_reader(deserializer, where=where), _converter(inner, where=where))
+        reader = _reader(deserializer, where=where, read=read)
+        decode = _compose(reader, _converter(inner, where=where))
     if optional:
         decode = _tombstone_is_none(decode)
     return _guarded(decode, describe_type(target))
@@ -98,14 +107,25 @@ def _converter(target: object, *, where: str) -> Convert:
     return _keep_instances(target, convert)
 
 
-def _reader(deserializer: object, *, where: str) -> Decode:
-    """Event -> what ``deserializer`` makes of its value."""
-    serialization = sys.modules.get("confluent_kafka.serialization")
-    if serialization is not None and isinstance(deserializer, serialization.Deserializer):
-        from kinbox.kafka.serde import reader  # loaded only for confluent-kafka's deserializers
+def from_kafka(deserializer: object) -> bool:
+    """Whether ``deserializer`` is a confluent-kafka ``Deserializer``, which the Kafka driver reads.
 
-        read: Decode = reader(deserializer)
-        return read
+    Asked without importing confluent-kafka: a user's deserializer of its
+    kind was made by a module that loaded it already.
+    """
+    serialization = sys.modules.get("confluent_kafka.serialization")
+    return serialization is not None and isinstance(deserializer, serialization.Deserializer)
+
+
+def _reader(deserializer: object, *, where: str, read: ValueReader | None) -> Decode:
+    """Event -> what ``deserializer`` makes of its value."""
+    if from_kafka(deserializer):
+        if read is None:
+            raise ConfigurationError(
+                f"{where}: value_deserializer={deserializer!r} is read by the Kafka driver, "
+                "which the worker hands over when it starts; none was given"
+            )
+        return read(deserializer)
     if not callable(deserializer):
         raise ConfigurationError(
             f"{where}: value_deserializer={deserializer!r} is not callable "

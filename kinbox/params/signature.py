@@ -75,7 +75,7 @@ class Param:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Parameters:
     """How a handler is called: what each parameter gets, and the payload's type.
 
     Attributes:
@@ -98,7 +98,7 @@ class Plan:
         ]
 
 
-LEGACY = Plan((Param("event", "event"), Param("tx", "connection")))
+LEGACY = Parameters((Param("event", "event"), Param("tx", "connection")))
 """``fn(event, tx)``: for callables whose signature cannot be read or that take ``*args``."""
 
 _ANY = (Any, object, inspect.Parameter.empty)
@@ -112,9 +112,9 @@ def awaits(fn: Callable[..., object]) -> bool:
     return not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
 
 
-def plan_for(
+def parameters_of(
     fn: Callable[..., object], *, batch: bool, where: str, deserializing: bool = False
-) -> Plan:
+) -> Parameters:
     """Read ``fn``'s signature: what each parameter gets.
 
     Args:
@@ -174,7 +174,7 @@ def plan_for(
                 _refuse(_unknown(where, parameter, hints[parameter.name], batch=batch))
             continue
         params.append(Param(parameter.name, source, _by_keyword(parameter)))
-    return Plan(tuple(params), payload, session)
+    return Parameters(tuple(params), payload, session)
 
 
 def _by_keyword(parameter: inspect.Parameter) -> bool:

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from kinbox.core.inbox import InboxStore, InboxTransaction
+from kinbox.core.inbox import InboxStore, InboxTransaction, Invoke
 from kinbox.store.bridge import SyncConnection, SyncPool
 from kinbox.store.cursors import configure_async
 from kinbox.store.errors import translate
@@ -101,6 +101,12 @@ class AsyncPostgresInboxStore(PostgresInboxStore):
                 self._pool.close()
         finally:
             self._loop.stop()
+
+    def sessions(self, session_class: type) -> Callable[[Invoke], Invoke]:
+        """``AsyncSession`` s (:mod:`kinbox.store.orm_async`), for async handlers."""
+        from kinbox.store.orm_async import AsyncSessions  # loaded only for handlers that ask
+
+        return AsyncSessions(session_class).around
 
     @property
     def _transaction_type(self) -> type[_PostgresTransaction]:

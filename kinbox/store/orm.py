@@ -40,7 +40,7 @@ so redoing a batch after a poison event works unchanged.
 An ``async def`` handler's parameter annotated ``AsyncSession`` gets the same
 binding over its ``AsyncConnection`` (:mod:`kinbox.store.orm_async`):
 ``create_async_engine(async_creator=...)`` and the async flavour of this
-dialect, with the same refusals. :func:`kinbox.params.signature.plan_for`
+dialect, with the same refusals. :func:`kinbox.params.signature.parameters_of`
 refuses an ``AsyncSession`` on a sync handler and a ``Session`` on an async one.
 """
 
@@ -59,9 +59,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
 from kinbox.core.errors import TransactionControlError
-
-Invoke = Callable[[object, object, Any, Any], object]
-"""``invoke(payload, event, tx, session)`` (:mod:`kinbox.params.wrap`): the handler, filled in."""
+from kinbox.core.inbox import Invoke
 
 IN_HANDLER = contextvars.ContextVar("kinbox_in_handler", default=False)
 """True while a handler runs: a ROLLBACK that SQLAlchemy would send then comes from it."""

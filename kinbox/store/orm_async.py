@@ -25,7 +25,8 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialectAsync_psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.pool import StaticPool
 
-from kinbox.store.orm import IN_HANDLER, EngineCache, InboxDialect, Invoke
+from kinbox.core.inbox import Invoke
+from kinbox.store.orm import IN_HANDLER, EngineCache, InboxDialect
 
 _DIALECT = "kinbox_psycopg_async"
 

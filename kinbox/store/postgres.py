@@ -25,7 +25,7 @@ from psycopg_pool import ConnectionPool
 from kinbox.core.describe import describe, storable
 from kinbox.core.errors import ConflictError, SchemaError, StoreError
 from kinbox.core.event import Event
-from kinbox.core.inbox import InboxTransaction, first_occurrences
+from kinbox.core.inbox import InboxTransaction, Invoke, first_occurrences
 from kinbox.core.names import sql_identifier
 from kinbox.core.traceparent import trace_id
 from kinbox.store import migrations
@@ -204,6 +204,12 @@ class PostgresInboxStore:
     def close(self) -> None:
         """Close the pool."""
         self._pool.close()
+
+    def sessions(self, session_class: type) -> Callable[[Invoke], Invoke]:
+        """See :meth:`~kinbox.core.inbox.SessionCapable.sessions`: :mod:`kinbox.store.orm`'s."""
+        from kinbox.store.orm import Sessions  # loaded only for handlers that ask for one
+
+        return Sessions(session_class).around
 
     @property
     def _transaction_type(self) -> type[_PostgresTransaction]:

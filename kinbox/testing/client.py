@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,6 +31,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
 from kinbox.core.errors import ConfigurationError
+from kinbox.core.event import Event
 from kinbox.core.names import sql_identifier
 from kinbox.core.policy import RetryPolicy
 from kinbox.core.record import Record
@@ -140,6 +141,7 @@ class InboxTestClient:
             max_attempts=self.settings.max_attempts,
             missing_id=self.settings.missing_id,
             middleware=app.middleware,
+            value_reader=_kafka_reader,
         )
         self._settler = Settler(
             self._processor,
@@ -296,3 +298,14 @@ def _with_search_path(database_url: str, schema: str) -> str:
     # A validated identifier needs no quoting; the URL's own options are kept.
     options = f"{params.get('options') or ''} -c search_path={schema},public".strip()
     return make_conninfo("", **{**params, "options": options})
+
+
+def _kafka_reader(deserializer: object) -> Callable[[Event], object]:
+    """The Kafka driver's reader of a confluent-kafka deserializer's values, loaded when asked.
+
+    Only a handler registered with such a deserializer asks, so the kit loads
+    no Kafka client for any other.
+    """
+    from kinbox.kafka.serde import reader
+
+    return reader(deserializer)

@@ -22,7 +22,13 @@ from typing import Any, Literal
 
 from kinbox.core.errors import StoreError
 from kinbox.core.event import Event
-from kinbox.core.inbox import InboxStore, InboxTransaction, async_store
+from kinbox.core.inbox import (
+    InboxStore,
+    InboxTransaction,
+    Invoke,
+    async_store,
+    session_opener,
+)
 
 Coordinates = tuple[str, int, int]
 """A record's ``(topic, partition, offset)``."""
@@ -105,6 +111,10 @@ class RecordingStore:
         """``inner``'s store for async handlers, recorded into this store's ledger and faults."""
         return _AsyncView(self, async_store(self._inner))
 
+    def sessions(self, session_class: type) -> Callable[[Invoke], Invoke]:
+        """``inner``'s ORM sessions: they run on the connection of the recorded transaction."""
+        return session_opener(self._inner, session_class)
+
     @contextmanager
     def transaction(self) -> Iterator[InboxTransaction]:
         """See :meth:`~kinbox.core.inbox.InboxStore.transaction`; faults apply."""
@@ -166,6 +176,9 @@ class _AsyncView:
 
     def transaction(self) -> AbstractContextManager[InboxTransaction]:
         return self._recorder.recorded(self._inner)
+
+    def sessions(self, session_class: type) -> Callable[[Invoke], Invoke]:
+        return session_opener(self._inner, session_class)
 
     def known(self, ids: Collection[str]) -> set[str]:
         return self._inner.known(ids)

@@ -240,7 +240,7 @@ def test_an_async_handler_cannot_end_the_inbox_transaction(
         await (await session.connection()).rollback()
 
     for handler, verb in ((commits, "commit"), (rolls_back, "roll back")):
-        call = prepare(handler, batch=False, where="test")
+        call = prepare(handler, batch=False, where="test").bound(async_store, None).call
         with (
             pytest.raises(TransactionControlError, match=f"cannot {verb} the inbox transaction"),
             async_store.transaction() as tx,

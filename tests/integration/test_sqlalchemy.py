@@ -142,7 +142,7 @@ def test_session_commit_sends_no_commit_and_nothing_escapes_the_transaction(
         seen.append(count_elsewhere(stack.database_url, notes))
         session.add(Note(event_id="b", text="b"))
 
-    call = prepare(handler, batch=False, where="test")
+    call = prepare(handler, batch=False, where="test").bound(store, None).call
 
     # When it runs in an inbox transaction that then rolls back (a crash before COMMIT)
     with pytest.raises(RuntimeError, match="crash"), store.transaction() as tx:
@@ -169,7 +169,7 @@ def test_session_rollback_undoes_the_session_s_work_only(
         session.add(Note(event_id="kept", text="kept"))
         assert session.scalar(select(func.count()).select_from(Note)) == 1
 
-    call = prepare(handler, batch=False, where="test")
+    call = prepare(handler, batch=False, where="test").bound(store, None).call
     with store.transaction() as tx:
         call(one_event(), tx.connection)
     assert note_rows(db, notes) == [("kept", "kept")]
@@ -186,7 +186,7 @@ def test_a_handler_cannot_end_the_inbox_transaction(
         session.connection().rollback()
 
     for handler, verb in ((commits, "commit"), (rolls_back, "roll back")):
-        call = prepare(handler, batch=False, where="test")
+        call = prepare(handler, batch=False, where="test").bound(store, None).call
         with (
             pytest.raises(TransactionControlError, match=f"cannot {verb} the inbox transaction"),
             store.transaction() as tx,

@@ -48,7 +48,7 @@ def test_async_def_is_recognised_and_gets_an_awaited_kind() -> None:
     class Callable_:
         async def __call__(self, event: Event, tx: Any) -> None: ...
 
-    kinds = {topic: type(route.kind) for topic, route in app.routes.items()}
+    kinds: dict[str, type] = {topic: type(route.kind) for topic, route in app.routes.items()}
     assert kinds == {"a": AwaitedEachEvent, "b": AwaitedWholeBatch, "c": EachEvent}
     assert awaits(Callable_()) and not awaits(plain)
     assert isinstance(app.routes["b"].kind, WholeBatch) and app.routes["b"].batch

@@ -18,7 +18,7 @@ from typing_extensions import TypedDict  # pydantic needs it before Python 3.12
 from kinbox.app import App
 from kinbox.core.errors import ConfigurationError, DeadLetter, InvalidPayload, Retry
 from kinbox.core.event import Event
-from kinbox.params.signature import Param, plan_for
+from kinbox.params.signature import Param, parameters_of
 from kinbox.params.wrap import prepare
 from kinbox.testing import record
 
@@ -67,7 +67,7 @@ LESSON = '{"userId": "u1", "lessonId": "l1"}'
 
 
 def sources(fn: Any, *, batch: bool = False) -> list[tuple[str, str, bool]]:
-    return [(p.name, p.source, p.keyword) for p in plan_for(fn, batch=batch, where=W).params]
+    return [(p.name, p.source, p.keyword) for p in parameters_of(fn, batch=batch, where=W).params]
 
 
 def test_the_old_forms_are_called_unchanged() -> None:
@@ -83,9 +83,9 @@ def test_the_old_forms_are_called_unchanged() -> None:
     def batch(events: list[Event], tx: object) -> None: ...
 
     for fn in (plain, typed, late, rest):
-        assert prepare(fn, batch=False, where=W) is fn
-    assert prepare(batch, batch=True, where=W) is batch
-    assert prepare(max, batch=False, where=W) is max  # no signature to read: as before
+        assert prepare(fn, batch=False, where=W).call is fn
+    assert prepare(batch, batch=True, where=W).call is batch
+    assert prepare(max, batch=False, where=W).call is max  # no signature to read: as before
 
 
 def test_payload_then_parameters_by_annotation() -> None:
@@ -97,7 +97,7 @@ def test_payload_then_parameters_by_annotation() -> None:
         ("event", "event", False),
         ("session", "session", True),
     ]
-    plan = plan_for(h, batch=False, where=W)
+    plan = parameters_of(h, batch=False, where=W)
     assert plan.payload is Lesson and plan.session is Session
 
 
@@ -117,7 +117,7 @@ def test_order_is_free_after_the_first_and_tx_may_be_left_out() -> None:
 def test_batch_handlers_take_lists() -> None:
     def hb(payloads: list[Lesson], tx: Any, events: Sequence[Event]) -> None: ...
 
-    plan = plan_for(hb, batch=True, where=W)
+    plan = parameters_of(hb, batch=True, where=W)
     assert plan.payload is Lesson
     assert [p.source for p in plan.params] == ["payload", "connection", "event"]
 
@@ -129,7 +129,7 @@ class MySession(Session):
 def test_annotated_and_subclassed_types_are_recognised() -> None:
     def h(payload: Annotated[Lesson, "doc"], s: MySession) -> None: ...
 
-    plan = plan_for(h, batch=False, where=W)
+    plan = parameters_of(h, batch=False, where=W)
     assert plan.payload is Lesson and plan.session is MySession
 
 
@@ -188,8 +188,8 @@ def test_callable_objects_and_partials_are_read_too() -> None:
 
     def h(prefix: str, payload: Step, tx: Any) -> None: ...
 
-    assert plan_for(Handler(), batch=False, where=W).payload is Lesson
-    assert plan_for(functools.partial(h, "x"), batch=False, where=W).payload is Step
+    assert parameters_of(Handler(), batch=False, where=W).payload is Lesson
+    assert parameters_of(functools.partial(h, "x"), batch=False, where=W).payload is Step
 
 
 # --- decoding ----------------------------------------------------------------------------
@@ -199,7 +199,7 @@ def decoded(annotation: Any, value: bytes | str, deserializer: Any = None) -> An
     got: list[Any] = []
     namespace: dict[str, Any] = {"T": annotation, "got": got}
     exec("def h(payload: T, tx):\n    got.append(payload)", namespace)
-    prepare(namespace["h"], batch=False, where=W, value_deserializer=deserializer)(
+    prepare(namespace["h"], batch=False, where=W, value_deserializer=deserializer).call(
         event(value), None
     )
     return got[0]
@@ -284,7 +284,7 @@ def test_an_unannotated_payload_with_its_own_deserializer_gets_what_it_returns()
     def h(payload, tx):  # type: ignore[no-untyped-def]
         got.append(payload)
 
-    prepare(h, batch=False, where=W, value_deserializer=bytes.upper)(event("abc"), None)
+    prepare(h, batch=False, where=W, value_deserializer=bytes.upper).call(event("abc"), None)
     assert got == [b"ABC"]
 
 
@@ -323,7 +323,7 @@ def test_a_batch_decodes_every_event_and_fails_on_the_bad_one() -> None:
     def hb(payloads: list[Step], events: list[Event]) -> None:
         got.append((payloads, [e.id for e in events]))
 
-    call = prepare(hb, batch=True, where=W)
+    call = prepare(hb, batch=True, where=W).call
     call([event('{"n": 1}', 1), event('{"n": 2}', 2)], None)
     assert got == [([Step(1), Step(2)], ["e1", "e2"])]
     with pytest.raises(InvalidPayload, match=r"t\[0\]@2"):
