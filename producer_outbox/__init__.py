@@ -32,8 +32,14 @@ The modules, along the flow of a row:
 ``retention``     sent rows outlive their records on the broker (cleanup's floor)
 ``debezium``      the outbox through Debezium instead (CDC); ``slots`` the
                   WAL its slot holds; ``connect_api``, ``connect_plugin``
-``cli*``          the ``kinbox outbox`` commands
+``database``      a connection for the commands, the tables checked migrated
 ================  ==========================================================
+
+A library: it imports kinbox's core and its drivers (:mod:`kinbox.store`,
+:mod:`kinbox.kafka`), never the consumer's engine nor the command line. The
+``kinbox outbox`` commands are kinbox's (:mod:`kinbox.cli.outbox`), and the
+relay runs as a kinbox process (:mod:`kinbox.ops.relay_process`). It ships
+in the ``kinbox`` distribution (one version, one ``kinbox migrate``).
 """
 
 from typing import TYPE_CHECKING

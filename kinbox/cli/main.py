@@ -29,13 +29,12 @@ from kinbox.cli.support import (
     EXIT_INTERRUPTED,
     EXIT_SCHEMA,
     EXIT_THRESHOLD,
-    configure_logging,
-    resolve_target,
 )
 from kinbox.cli.support import die as _die
 from kinbox.cli.support import guard as _guard
 from kinbox.cli.support import parse_kafka_overrides as _kafka_overrides
 from kinbox.core.config import Settings
+from kinbox.ops.logs import configure as configure_logging
 from kinbox.store.decisions import CONSOLE
 from kinbox.store.migrations import Component, render
 from kinbox.store.schema import INBOX
@@ -165,6 +164,8 @@ def worker(ctx: click.Context, /, target: str, processes: int, kafka: tuple[str,
     flags: dict[str, Any] = dict(options)
     flags["id_headers"] = id_headers or None
     flags["kafka_overrides"] = _kafka_overrides(kafka) or None
+    from kinbox.ops.worker import resolve_target
+
     # Resolve once here so a bad target or setting fails before any fork.
     app, settings = _guard(lambda: resolve_target(target, flags))
     if processes == 1:
@@ -222,9 +223,9 @@ from kinbox.bench.command import bench  # noqa: E402
 from kinbox.cli.console import console  # noqa: E402
 from kinbox.cli.explain import explain_command  # noqa: E402
 from kinbox.cli.ops import dlq, inbox  # noqa: E402
+from kinbox.cli.outbox import outbox  # noqa: E402
 from kinbox.cli.status import status  # noqa: E402
 from kinbox.devstack.command import dev  # noqa: E402
-from producer_outbox.cli import outbox  # noqa: E402
 
 main.add_command(bench)
 main.add_command(console)

@@ -13,7 +13,6 @@ from typing import Any
 
 import click
 
-from kinbox.cli.status import ago
 from kinbox.cli.support import (
     EXIT_THRESHOLD,
     connection_options,
@@ -23,6 +22,7 @@ from kinbox.cli.support import (
 )
 from kinbox.core.errors import TransportError
 from kinbox.ops.retention import Guard, floor, guards
+from kinbox.ops.status import ago
 
 RISK = (
     "a redelivery of an event whose row is gone — a group reset to the earliest offset, "

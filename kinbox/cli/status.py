@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from kinbox.cli.outbox_support import size_option
 from kinbox.cli.support import (
     EXIT_THRESHOLD,
     connection_options,
@@ -19,8 +20,7 @@ from kinbox.cli.support import (
     load_settings,
     parse_duration,
 )
-from kinbox.ops.status import GroupStatus, StatusReport, Thresholds, gather
-from producer_outbox.cli_support import size_option
+from kinbox.ops.status import GroupStatus, StatusReport, Thresholds, ago, gather
 from producer_outbox.slots import format_size
 
 
@@ -165,17 +165,3 @@ def _group(group: GroupStatus, window: str, seconds: float) -> list[str]:
 def _short(member_id: str) -> str:
     """The tail of a member id: unique enough to tell the members of one group apart."""
     return member_id[-8:]
-
-
-_UNITS = (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1))
-
-
-def ago(seconds: float) -> str:
-    """``0.4s``, ``12s``, ``5m 3s``, ``3h 12m``, ``13d 4h``."""
-    if seconds < 10:
-        return f"{seconds:.1f}s"
-    whole = int(seconds)
-    for unit, length, sub, sublength in _UNITS:
-        if whole >= length:
-            return f"{whole // length}{unit} {(whole % length) // sublength}{sub}"
-    return f"{whole}s"

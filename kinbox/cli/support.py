@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from kinbox.core.errors import KinboxError
 from kinbox.ops.exits import EXIT_BAD_INPUT as EXIT_BAD_INPUT
 from kinbox.ops.exits import EXIT_CONFIG as EXIT_CONFIG
 from kinbox.ops.exits import EXIT_CONNECT as EXIT_CONNECT
@@ -29,10 +27,10 @@ from kinbox.ops.exits import EXIT_IMPORT as EXIT_IMPORT
 from kinbox.ops.exits import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 from kinbox.ops.exits import EXIT_SCHEMA as EXIT_SCHEMA
 from kinbox.ops.exits import EXIT_THRESHOLD as EXIT_THRESHOLD
-from kinbox.ops.exits import status_of
+from kinbox.ops.exits import die as die
+from kinbox.ops.exits import guard as guard
 
 if TYPE_CHECKING:
-    from kinbox.app import App
     from kinbox.core.config import Settings
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
@@ -100,44 +98,3 @@ def parse_kafka_overrides(values: Sequence[str]) -> dict[str, str]:
             )
         out[key.strip()] = value
     return out
-
-
-def configure_logging(level: str, fmt: str = "text") -> None:
-    """Log to stderr at ``level`` in ``fmt`` (text or json; see :mod:`kinbox.ops.logs`)."""
-    from kinbox.ops.logs import configure
-
-    configure(level, fmt)
-
-
-def resolve_target(target: str, flags: Mapping[str, Any]) -> tuple[App, Settings]:
-    """Load ``kinbox worker``'s MODULE[:APP] and its validated settings (flags > env > app)."""
-    from kinbox.ops.worker import resolve
-
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: the app lives in the project
-    return resolve(target, flags, os.environ)
-
-
-def guard(action: Any) -> Any:
-    """Run ``action``; turn kinbox's errors into a message and an exit code."""
-    try:
-        return action()
-    except (ImportError, KinboxError) as exc:
-        status = status_of(exc)
-        assert status is not None  # every KinboxError has one
-        die(f"{_SAYS.get(status, '')}{exc}", status)
-
-
-_SAYS = {
-    EXIT_IMPORT: "cannot import the app: ",
-    EXIT_CONFIG: "configuration error: ",
-    EXIT_FATAL: "the Kafka client failed fatally: ",
-    EXIT_CONNECT: "cannot connect: ",
-}
-"""What :func:`guard` says before an error's own message, by exit status."""
-
-
-def die(message: str, code: int) -> NoReturn:
-    """Print ``kinbox: message`` to stderr and exit with ``code``."""
-    click.echo(f"kinbox: {message}", err=True)
-    sys.exit(code)

@@ -20,10 +20,16 @@ what went wrong from the status alone, without parsing logs:
 ===  ==========================================================================
 
 A leaf: the CLI and the worker process both import it, and it imports only
-the error tree.
+the error tree (and click, to say why a command ends: :func:`guard`).
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
+import click
 
 from kinbox.core.errors import (
     ConfigurationError,
@@ -81,3 +87,31 @@ def worker_status(error: BaseException) -> int:
     """
     status = status_of(error)
     return EXIT_CRASH if status is None else status
+
+
+T = TypeVar("T")
+
+
+def guard(action: Callable[[], T]) -> T:
+    """Run ``action``; turn kinbox's errors into a message and an exit code."""
+    try:
+        return action()
+    except (ImportError, KinboxError) as exc:
+        status = status_of(exc)
+        assert status is not None  # every KinboxError has one
+        die(f"{_SAYS.get(status, '')}{exc}", status)
+
+
+_SAYS = {
+    EXIT_IMPORT: "cannot import the app: ",
+    EXIT_CONFIG: "configuration error: ",
+    EXIT_FATAL: "the Kafka client failed fatally: ",
+    EXIT_CONNECT: "cannot connect: ",
+}
+"""What :func:`guard` says before an error's own message, by exit status."""
+
+
+def die(message: str, code: int) -> NoReturn:
+    """Print ``kinbox: message`` to stderr and exit with ``code``."""
+    click.echo(f"kinbox: {message}", err=True)
+    sys.exit(code)

@@ -176,3 +176,17 @@ def _group_warnings(lag: GroupLag, limits: Thresholds) -> list[str]:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
+
+
+_UNITS = (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1))
+
+
+def ago(seconds: float) -> str:
+    """``0.4s``, ``12s``, ``5m 3s``, ``3h 12m``, ``13d 4h``."""
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    for unit, length, sub, sublength in _UNITS:
+        if whole >= length:
+            return f"{whole // length}{unit} {(whole % length) // sublength}{sub}"
+    return f"{whole}s"

@@ -35,8 +35,9 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
 
-from kinbox.cli.support import configure_logging, guard, resolve_target
+from kinbox.ops.exits import guard
 from kinbox.ops.lifeline import die_with_parent
+from kinbox.ops.logs import configure as configure_logging
 
 log = logging.getLogger("kinbox.supervisor")
 
@@ -113,7 +114,7 @@ def member(
     # which forwards one SIGTERM per signal (two would mean "exit at once").
     os.setpgid(0, 0)
     configure_logging(log_level, log_format)
-    from kinbox.ops.worker import run
+    from kinbox.ops.worker import resolve_target, run
 
     app, settings = guard(lambda: resolve_target(target, flags))
     guard(lambda: run(app, settings.for_member(index)))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import importlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Mapping
@@ -148,6 +149,13 @@ def resolve(target: str, flags: Mapping[str, Any], env: Mapping[str, str]) -> tu
     """Load the app and its validated settings (flags > env > app > defaults)."""
     app = load_app(target)
     return app, app.settings(flags, env).validate()
+
+
+def resolve_target(target: str, flags: Mapping[str, Any]) -> tuple[App, Settings]:
+    """Load ``kinbox worker``'s MODULE[:APP] and its validated settings (flags > env > app)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: the app lives in the project
+    return resolve(target, flags, os.environ)
 
 
 def run(app: App, settings: Settings) -> None:

@@ -14,8 +14,8 @@ import psycopg
 from click.testing import CliRunner
 from psycopg import sql
 
+from kinbox.cli.outbox import outbox
 from kinbox.devstack.connect import KafkaConnect
-from producer_outbox.cli import outbox
 from producer_outbox.connect_api import ConnectClient, register
 from producer_outbox.debezium import DebeziumSettings, connector_config, refuse_bytes_payloads
 from producer_outbox.slots import drop_slot

@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from psycopg import sql
 
 from examples.lessons.app import TOPIC, app, complete_lesson, create_tables
+from kinbox.cli.outbox import RET_WARNING, outbox
 from kinbox.core.errors import PayloadError
 from kinbox.devstack.connect import KafkaConnect
 from kinbox.devstack.postgres import PostgresServer
@@ -34,7 +35,6 @@ from kinbox.store.migrations import migrate
 from kinbox.store.schema import INBOX
 from producer_outbox import enqueue
 from producer_outbox.cleanup import delete_older
-from producer_outbox.cli import RET_WARNING, outbox
 from producer_outbox.schema import OUTBOX
 from tests.conftest import REPORT_LINES, MakeTopic
 from tests.integration.cdc_support import (

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from kinbox.cli.outbox import outbox
 from kinbox.core.errors import ServiceError
 from kinbox.devstack.connect_jars import connect_libs
-from producer_outbox.cli import outbox
 from producer_outbox.connect_plugin import SMT_CLASS
 from tests.conftest import cannot_start
 

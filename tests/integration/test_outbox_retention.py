@@ -85,7 +85,7 @@ def test_the_relays_cleanup_waits_for_the_topics_retention(
     # When a relay with a 7-day retention cleans up every half second
     log = tmp_path / "relay.log"
     command = [
-        sys.executable, "-m", "producer_outbox", "relay", "--database-url", stack.database_url,
+        sys.executable, "-m", "kinbox", "outbox", "relay", "--database-url", stack.database_url,
         "--schema", schema, "--bootstrap-servers", stack.bootstrap_servers,
         "--retention-days", "7", "--cleanup-interval", "0.5", "--poll-interval", "0.2",
     ]  # fmt: skip

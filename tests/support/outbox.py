@@ -203,11 +203,12 @@ def running_relay(
 def relay_process(
     stack: Stack, schema: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start ``kinbox outbox relay`` as a real process (``python -m producer_outbox``)."""
+    """Start ``kinbox outbox relay`` as a real process (``python -m kinbox outbox relay``)."""
     command = [
         sys.executable,
         "-m",
-        "producer_outbox",
+        "kinbox",
+        "outbox",
         "relay",
         "--poll-interval",
         "0.2",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kinbox.cli.status import ago
 from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError
 from kinbox.ops.retention import Guard, floor
+from kinbox.ops.status import ago
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from producer_outbox.cli import outbox, redact
+from kinbox.cli.outbox import outbox
+from kinbox.core.config import redact_url
 
 
 @pytest.mark.parametrize("command", ["relay", "status", "requeue", "cleanup", "debezium-config"])
@@ -68,8 +69,8 @@ def test_unreachable_database_exits_3_without_the_password() -> None:
 
 
 def test_redact_masks_url_and_conninfo_passwords() -> None:
-    assert redact("postgresql://u:pw@h/db") == "postgresql://u:***@h/db"
-    assert "pw" not in redact("host=h password=pw dbname=d")
+    assert redact_url("postgresql://u:pw@h/db") == "postgresql://u:***@h/db"
+    assert "pw" not in redact_url("host=h password=pw dbname=d")
 
 
 @pytest.mark.parametrize(

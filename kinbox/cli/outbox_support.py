@@ -12,17 +12,14 @@ whose records their topic still keeps, 1 anything else.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-import psycopg
 
-from kinbox.core.errors import ConfigurationError, SchemaError
-from kinbox.core.names import sql_identifier
-from kinbox.store.migrations import check
-from producer_outbox.schema import OUTBOX
+from kinbox.core.config import redact_url
+from kinbox.core.errors import ConfigurationError, SchemaError, StoreError
+from producer_outbox import database
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,14 +30,6 @@ RET_SCHEMA = 4
 RET_WARNING = 5
 """``status``: a threshold was crossed (a replication slot holds back too much WAL);
 ``cleanup``: refused below the topics' retention."""
-
-_URL_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*(@)")
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
-
-
-def redact(url: str) -> str:
-    """Mask the password of a PostgreSQL URL or ``key=value`` conninfo."""
-    return _KV_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***\2", url))
 
 
 def database_option(function: Any) -> Any:
@@ -101,21 +90,16 @@ def parse_overrides(values: tuple[str, ...]) -> dict[str, str]:
     return overrides
 
 
-def connect(database_url: str, schema: str) -> psycopg.Connection[Any]:
+def connect(database_url: str, schema: str) -> database.Connection:
     """Connect (autocommit) and check the outbox tables are migrated; exit 3 or 4 if not."""
-    sql_identifier(schema, setting="schema")
     try:
-        conn = psycopg.connect(database_url, autocommit=True)
-    except psycopg.Error as exc:
-        click.echo(f"cannot connect to PostgreSQL at {redact(database_url)}: {exc}", err=True)
-        raise SystemExit(RET_CONNECT) from exc
-    try:
-        check(conn, schema, OUTBOX)
+        return database.connect(database_url, schema)
     except SchemaError as exc:
-        conn.close()
         click.echo(str(exc), err=True)
         raise SystemExit(RET_SCHEMA) from exc
-    return conn
+    except StoreError as exc:
+        click.echo(f"cannot connect to PostgreSQL at {redact_url(database_url)}: {exc}", err=True)
+        raise SystemExit(RET_CONNECT) from exc
 
 
 class ConfigGroup(click.Group):

@@ -8,9 +8,7 @@ from datetime import timedelta
 
 import click
 
-from kinbox.core.errors import ConfigurationError, TransportError
-from producer_outbox.cleanup import delete_older, delete_sent
-from producer_outbox.cli_support import (
+from kinbox.cli.outbox_support import (
     RET_CONNECT,
     RET_WARNING,
     connect,
@@ -19,6 +17,8 @@ from producer_outbox.cli_support import (
     parse_overrides,
     size_option,
 )
+from kinbox.core.errors import ConfigurationError, TransportError
+from producer_outbox.cleanup import delete_older, delete_sent
 from producer_outbox.parked import requeue as requeue_rows
 from producer_outbox.publisher import producer_config
 from producer_outbox.retention import Floor, broker_retention, floor

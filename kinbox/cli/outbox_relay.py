@@ -1,31 +1,19 @@
-"""``kinbox outbox relay``: publish committed outbox rows to Kafka until SIGTERM/SIGINT."""
+"""``kinbox outbox relay``: publish committed outbox rows to Kafka until SIGTERM/SIGINT.
+
+The options are read here; the relay runs as a process of
+:mod:`kinbox.ops.relay_process` (logs, telemetry, health, signals).
+"""
 
 from __future__ import annotations
 
-import logging
-import signal
 from datetime import timedelta
-from types import FrameType
 
 import click
 
-from kinbox.core.otel.setup import configure as configure_telemetry
-from kinbox.ops.health import Health, HealthServer
-from kinbox.ops.logs import configure as configure_logs
-from kinbox.store.probe import ping
-from producer_outbox.cli_support import (
-    connect,
-    database_option,
-    kafka_options,
-    parse_overrides,
-    redact,
-)
+from kinbox.cli.outbox_support import connect, database_option, kafka_options, parse_overrides
+from kinbox.ops import relay_process
 from producer_outbox.config import RelayConfig
-from producer_outbox.publisher import KafkaPublisher, producer_config
-from producer_outbox.relay import Relay
-from producer_outbox.retention import broker_retention
-
-log = logging.getLogger("producer_outbox")
+from producer_outbox.publisher import producer_config
 
 
 @click.command()
@@ -110,12 +98,7 @@ def relay(
     log_format: str | None,
 ) -> None:
     """Publish committed outbox rows to Kafka until SIGTERM/SIGINT."""
-    # Given here, they win over the kinbox group's; else that one's stand.
-    configure_logs(log_level, log_format or "text", force=bool(log_level or log_format))
-    # Before the relay is made: its telemetry sees the SDK this sets up.
-    turned_on = configure_telemetry("kinbox-outbox-relay", metrics_port)
-    if turned_on:
-        log.info("OpenTelemetry: %s", "; ".join(turned_on))
+    relay_process.set_up(log_level, log_format, metrics_port)
     config = RelayConfig(
         database_url=database_url,
         schema=schema,
@@ -130,28 +113,6 @@ def relay(
     ).validate()
     kafka_config = producer_config(bootstrap_servers, parse_overrides(overrides))
     connect(database_url, schema).close()  # fail fast: reachable and migrated
-    publisher = KafkaPublisher(kafka_config)
-    health = Health(live_timeout, "lanes", database=lambda: ping(database_url))
-    server = HealthServer(health, health_port).start() if health_port else None
-    runner = Relay(
-        config, publisher, observer=health, topic_retention=broker_retention(kafka_config)
+    relay_process.run(
+        config, kafka_config, bootstrap_servers, health_port=health_port, live_timeout=live_timeout
     )
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %d: settling the rows in flight, then stopping", signum)
-        runner.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    log.info(
-        "outbox relay: kafka=%s database=%s schema=%s",
-        bootstrap_servers,
-        redact(database_url),
-        schema,
-    )
-    try:
-        runner.run()
-    finally:
-        publisher.close()
-        if server is not None:
-            server.close()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
+from kinbox.cli.outbox_support import RET_CONNECT, RET_ERROR, connect, database_option
 from kinbox.core.errors import ConnectorError
-from producer_outbox.cli_support import RET_CONNECT, RET_ERROR, connect, database_option
 from producer_outbox.connect_api import register
 from producer_outbox.connect_plugin import build_smt_jar
 from producer_outbox.debezium import (
