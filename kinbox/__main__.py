@@ -1,5 +1,5 @@
 """``python -m kinbox`` is the ``kinbox`` command."""
 
-from kinbox.cli.main import main
+from kinbox.entry import main
 
 main()

@@ -105,7 +105,7 @@ class _Service:
 
 
 def _kinbox(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kinbox.cli.main", *args]
+    return [sys.executable, "-m", "kinbox", *args]
 
 
 def _wait(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:

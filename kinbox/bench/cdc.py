@@ -151,7 +151,7 @@ def _register(ctx: Context, schema: str, name: str, slot: str) -> None:
     """``kinbox outbox debezium-config --register``, as a user runs it (its defaults)."""
     assert ctx.target.connect_url is not None
     argv = [
-        sys.executable, "-m", "kinbox.cli", "outbox", "debezium-config",
+        sys.executable, "-m", "kinbox", "outbox", "debezium-config",
         "--register", ctx.target.connect_url, "--name", name, "--topic-prefix", name,
         "--slot-name", slot, "--timeout", "120",
     ]  # fmt: skip

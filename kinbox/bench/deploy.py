@@ -2,7 +2,7 @@
 
 kinbox is started as ``kinbox worker <module:app> --bootstrap-servers …
 --database-url …`` (the console script beside this interpreter, or ``python
--m kinbox.cli`` without one), plus the target's ``-X`` properties: nothing
+-m kinbox`` without one), plus the target's ``-X`` properties: nothing
 else, so every other setting is kinbox's default. The environment's
 ``KINBOX_*`` settings are left out, so a tuned shell cannot tune the run.
 A hand-written contender runs its entry point in a process of its own
@@ -30,7 +30,7 @@ def kinbox_command() -> list[str]:
     script = Path(sys.executable).with_name("kinbox")
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script)]
-    return [sys.executable, "-m", "kinbox.cli"]
+    return [sys.executable, "-m", "kinbox"]
 
 
 def worker_argv(app: str, spec: ChildSpec) -> list[str]:

@@ -37,7 +37,7 @@ from kinbox.core.errors import KinboxError
 
 def _relay(ctx: Context, schema: str, name: str) -> Child:
     argv = [
-        sys.executable, "-m", "kinbox.cli.main", "outbox", "relay",
+        sys.executable, "-m", "kinbox", "outbox", "relay",
         "--database-url", ctx.target.database_url, "--schema", schema,
         "--bootstrap-servers", ctx.target.bootstrap_servers, "--log-level", "WARNING",
     ]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The ``kinbox`` command: ``worker``, ``migrate``; ``dev``, ``outbox``, ``console``... mount here.
+"""The ``kinbox`` group: ``worker``, ``migrate``; ``outbox``, ``status``, ``console``... mount here.
 
 Exit codes tell a supervisor what went wrong without parsing logs:
 2 configuration, 3 import, 4 connection, 5 schema not migrated, 6 stopped on a
@@ -218,24 +218,17 @@ def migrate(database_url: str | None, schema: str | None, print_sql: bool) -> No
         click.echo(f"{settings.schema}.{name}: version {after} ({state})")
 
 
-# Both ship in this distribution; imported last so `kinbox --help` lists them.
-from kinbox.bench.command import bench  # noqa: E402
+# Imported last: they mount on the group above. The tools' commands (dev,
+# bench) are mounted by the roof, kinbox.entry.
 from kinbox.cli.console import console  # noqa: E402
 from kinbox.cli.explain import explain_command  # noqa: E402
 from kinbox.cli.ops import dlq, inbox  # noqa: E402
 from kinbox.cli.outbox import outbox  # noqa: E402
 from kinbox.cli.status import status  # noqa: E402
-from kinbox.devstack.command import dev  # noqa: E402
 
-main.add_command(bench)
 main.add_command(console)
-main.add_command(dev)
 main.add_command(dlq)
 main.add_command(explain_command)
 main.add_command(inbox)
 main.add_command(outbox)
 main.add_command(status)
-
-
-if __name__ == "__main__":
-    main()

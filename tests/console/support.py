@@ -138,7 +138,7 @@ def start_worker(
         "CONSOLE_TEST_BROKEN": str(broken),
     }
     env.pop("KINBOX_FAILPOINTS", None)
-    command = [sys.executable, "-m", "kinbox.cli.main", "worker", "tests.console.console_app:app",
+    command = [sys.executable, "-m", "kinbox", "worker", "tests.console.console_app:app",
                "-X", "heartbeat.interval.ms=500"]  # fmt: skip
     return subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
 
@@ -215,7 +215,7 @@ def start_console(
     log_path = Path(tempfile.mkstemp(prefix="kinbox-console-", suffix=".log")[1])
     environ = {**os.environ, **(env or {})}
     environ.pop("KINBOX_CONSOLE_TOKEN", None)
-    command = [sys.executable, "-m", "kinbox.cli.main", "console", "--port", "0",
+    command = [sys.executable, "-m", "kinbox", "console", "--port", "0",
                "--bootstrap-servers", bootstrap, "--database-url", with_password(database_url),
                "--schema", schema, "--sample-interval", "2", *args]  # fmt: skip
     with log_path.open("w") as log:

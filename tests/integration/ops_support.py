@@ -82,7 +82,7 @@ def start_worker(
         **(env or {}),
     }
     environ.pop("KINBOX_FAILPOINTS", None)
-    command = [sys.executable, "-m", "kinbox.cli.main", *global_args]
+    command = [sys.executable, "-m", "kinbox", *global_args]
     # A KIP-848 group (-X group.protocol=consumer) refuses the heartbeat setting.
     command += ["worker", "tests.integration.ops_app:app", *(FAST if fast else []), *args]
     return subprocess.Popen(command, cwd=ROOT, env=environ, stderr=stderr)

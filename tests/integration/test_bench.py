@@ -293,7 +293,7 @@ def _bench(stack: Stack, log: Path, prefix: str, *args: str) -> subprocess.Popen
     """``kinbox bench`` in a process of its own, its output into ``log``."""
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "kinbox.cli", "bench", "--prefix", prefix,
+            [sys.executable, "-m", "kinbox", "bench", "--prefix", prefix,
              "--bootstrap-servers", stack.bootstrap_servers,
              "--database-url", stack.database_url, *args],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ},

@@ -32,7 +32,7 @@ TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 def explain(stack: Stack, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kinbox.cli.main", "explain", *args,
+        [sys.executable, "-m", "kinbox", "explain", *args,
          "--database-url", stack.database_url, "--schema", schema],
         capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
     )  # fmt: skip

@@ -78,7 +78,7 @@ def test_the_relay_logs_one_json_object_a_line(stack: Stack, schema: str, tmp_pa
         enqueue(conn, topic, {"n": 1}, key="k", schema=schema)
     log = tmp_path / "relay.log"
     command = [
-        sys.executable, "-m", "kinbox.cli.main", "--log-format", "json", "outbox", "relay",
+        sys.executable, "-m", "kinbox", "--log-format", "json", "outbox", "relay",
         "--database-url", with_password(stack.database_url), "--schema", schema,
         "--bootstrap-servers", stack.bootstrap_servers, "--poll-interval", "0.2",
     ]  # fmt: skip

@@ -31,7 +31,7 @@ BAD = [
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kinbox.cli.main", *args],
+        [sys.executable, "-m", "kinbox", *args],
         cwd=ROOT,
         env={**os.environ, "KINBOX_LOG_LEVEL": "WARNING"},
         capture_output=True,

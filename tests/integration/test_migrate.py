@@ -16,7 +16,7 @@ from tests.support.database import Conn
 
 def _migrate(stack: Stack, schema: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "kinbox.cli.main", "migrate", "--database-url", stack.database_url,
+        [sys.executable, "-m", "kinbox", "migrate", "--database-url", stack.database_url,
          "--schema", schema],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

@@ -68,7 +68,7 @@ def commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
 
 def cleanup(stack: Stack, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kinbox.cli.main", "inbox", "cleanup", *args,
+        [sys.executable, "-m", "kinbox", "inbox", "cleanup", *args,
          "--database-url", stack.database_url, "--schema", schema,
          "--bootstrap-servers", stack.bootstrap_servers],
         capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,

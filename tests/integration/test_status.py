@@ -24,7 +24,7 @@ Conn = psycopg.Connection[tuple[object, ...]]
 
 def status(stack: Stack, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kinbox.cli.main", "status", *args,
+        [sys.executable, "-m", "kinbox", "status", *args,
          "--database-url", stack.database_url, "--schema", schema,
          "--bootstrap-servers", stack.bootstrap_servers],
         capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,

@@ -73,4 +73,4 @@ def worker_argv(
     app: str, options: Sequence[str] = (), kafka: Mapping[str, str | None] = FAST_GROUP
 ) -> list[str]:
     """The command line of ``kinbox worker <app> <options> -X ...`` under this interpreter."""
-    return [sys.executable, "-m", "kinbox.cli.main", "worker", app, *options, *kafka_flags(kafka)]
+    return [sys.executable, "-m", "kinbox", "worker", app, *options, *kafka_flags(kafka)]

@@ -251,7 +251,7 @@ def enqueue_many(
 def outbox_command(stack: Stack, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``kinbox outbox <args>`` against the test database as a real process."""
     return subprocess.run(
-        [sys.executable, "-m", "kinbox.cli.main", "outbox", *args,
+        [sys.executable, "-m", "kinbox", "outbox", *args,
          "--database-url", stack.database_url, "--schema", schema],
         capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
         env={**os.environ, "KINBOX_BOOTSTRAP_SERVERS": stack.bootstrap_servers},
