@@ -10,30 +10,30 @@ nothing of Kafka or the relay.
 
 The modules, along the flow of a row:
 
-================  ==========================================================
-``writer``        :func:`enqueue`: a row in the caller's transaction, NOTIFY
-``trace_context`` the W3C trace context a row carries from enqueue to the record
-``schema``        the outbox's tables, as versioned migration steps
-``relay``         :class:`Relay`: its lane groups side by side; ``config``
-``group``         a lane group: the loop, claim, send, mark as reports come;
-                  ``shared`` what the groups tell each other
-``lanes``         several relays share the outbox without reordering a key
-``claim``         the relay's SQL: the next batch in per-key order, marking
-``flight``        rows sent and not yet settled: the keys they hold back
-``records``       rows and the Kafka records made of them (no I/O)
-``publisher``     :class:`Publisher`, :class:`KafkaPublisher`: confluent-kafka
-``batch``         send a batch keeping key order, settle each verdict
-``topics``        topics Kafka refuses as a whole: an outage, not the rows'
-``schedule``      the relay's upkeep as tasks: lane balancing, ``cleanup``
-``telemetry``     the relay's ``send`` spans, counters and outbox gauges
-``parked``        parked rows block their key until requeued
-``status``        :func:`read_status`, for ``kinbox outbox status``
-``links``         the outbox rows around one event, for ``kinbox explain``
-``retention``     sent rows outlive their records on the broker (cleanup's floor)
-``debezium``      the outbox through Debezium instead (CDC); ``slots`` the
-                  WAL its slot holds; ``connect_api``, ``connect_plugin``
-``database``      a connection for the commands, the tables checked migrated
-================  ==========================================================
+==================  ==========================================================
+``writer``          :func:`enqueue`: a row in the caller's transaction, NOTIFY
+``trace_context``   the W3C trace context a row carries from enqueue to the record
+``schema``          the outbox's tables, as versioned migration steps
+``relay``           :class:`Relay`: its lane groups side by side; ``config``
+``group``           a lane group: the loop, claim, send, mark as reports come;
+                    ``shared`` what the groups tell each other
+``lane_locks``      several relays share the outbox without reordering a key
+``claim``           the relay's SQL: the next batch in per-key order, marking
+``flight``          rows sent and not yet settled: the keys they hold back
+``records``         rows and the Kafka records made of them (no I/O)
+``publisher``       :class:`Publisher`, :class:`KafkaPublisher`: confluent-kafka
+``batch``           send a batch keeping key order, judge each row
+``topics``          topics Kafka refuses as a whole: an outage, not the rows'
+``schedule``        the relay's upkeep as tasks: lane balancing, ``cleanup``
+``telemetry``       the relay's ``send`` spans, counters and outbox gauges
+``parked``          parked rows block their key until requeued
+``outbox_status``   :func:`read_status`, for ``kinbox outbox status``
+``links``           the outbox rows around one event, for ``kinbox explain``
+``sent_retention``  sent rows outlive their records on the broker (cleanup's floor)
+``debezium``        the outbox through Debezium instead (CDC); ``slots`` the
+                    WAL its slot holds; ``connect_api``, ``connect_plugin``
+``database``        a connection for the commands, the tables checked migrated
+==================  ==========================================================
 
 A library: it imports kinbox's core and its drivers (:mod:`kinbox.store`,
 :mod:`kinbox.kafka`), never the consumer's engine nor the command line. The
@@ -50,11 +50,11 @@ if TYPE_CHECKING:
     from kinbox.core.errors import PayloadError
     from producer_outbox.cleanup import delete_sent
     from producer_outbox.config import RelayConfig
+    from producer_outbox.outbox_status import OutboxStatus, read_status
     from producer_outbox.publisher import KafkaPublisher, Outcome, Publisher
     from producer_outbox.records import OutboxRow, Record
     from producer_outbox.relay import Relay
     from producer_outbox.schema import OUTBOX
-    from producer_outbox.status import OutboxStatus, read_status
     from producer_outbox.writer import enqueue, enqueue_async
 
 __all__ = [
@@ -79,7 +79,7 @@ _SOURCES = {
     "OUTBOX": "producer_outbox.schema",
     "KafkaPublisher": "producer_outbox.publisher",
     "OutboxRow": "producer_outbox.records",
-    "OutboxStatus": "producer_outbox.status",
+    "OutboxStatus": "producer_outbox.outbox_status",
     "Outcome": "producer_outbox.publisher",
     "PayloadError": "kinbox.core.errors",
     "Publisher": "producer_outbox.publisher",
@@ -89,7 +89,7 @@ _SOURCES = {
     "delete_sent": "producer_outbox.cleanup",
     "enqueue": "producer_outbox.writer",
     "enqueue_async": "producer_outbox.writer",
-    "read_status": "producer_outbox.status",
+    "read_status": "producer_outbox.outbox_status",
 }
 
 __getattr__, __dir__ = _exports(__name__, _SOURCES)

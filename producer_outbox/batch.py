@@ -14,7 +14,7 @@ retried row whose topic already has a row going alone waits, and its key with
 it (:mod:`.flight`). Within one send, once a row of a key is refused before it
 leaves, the later rows of that key are not sent (:data:`.publisher.HELD`).
 
-Verdicts (:func:`settle`), per row:
+Verdicts (:func:`judge`), per row:
 
 ==================  ===========================================================
 acknowledged        sent
@@ -42,7 +42,7 @@ import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from producer_outbox.claim import Failure
+from producer_outbox.claim import FailedRow
 from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import Outcome
 from producer_outbox.records import OutboxRow, describe
@@ -95,11 +95,11 @@ def plan(rows: Sequence[OutboxRow], alone_topics: Collection[str] = ()) -> Plan:
 
 
 @dataclass
-class Settlement:
-    """What a published batch comes to (see the module docstring)."""
+class Marks:
+    """What a published batch comes to: the marks its rows get (see the module docstring)."""
 
     sent: list[str] = field(default_factory=list)
-    failed: list[Failure] = field(default_factory=list)
+    failed: list[FailedRow] = field(default_factory=list)
     topics: dict[str, str] = field(default_factory=dict)
     """Failing topic -> the error Kafka gave."""
     acked_topics: set[str] = field(default_factory=set)
@@ -108,13 +108,13 @@ class Settlement:
     order_broken: int = 0
 
 
-def settle(
+def judge(
     rows: Sequence[OutboxRow],
     outcomes: Sequence[Outcome],
     config: RelayConfig,
     *,
     outage_delay: float | None = None,
-) -> Settlement:
+) -> Marks:
     """Give every published row its verdict.
 
     Args:
@@ -124,7 +124,7 @@ def settle(
         outage_delay: seconds before an outage's rows are tried again (the
             relay's outage backoff); ``config.backoff(0)`` by default.
     """
-    result = Settlement()
+    result = Marks()
     delay = config.backoff(0) if outage_delay is None else outage_delay
     failed_keys: set[str] = set()
     outage_error = ""
@@ -153,11 +153,11 @@ def settle(
         elif outcome.outage:
             result.outages += 1
             outage_error = error
-            result.failed.append(Failure(row.id, error, delay, park=False, counts=False))
+            result.failed.append(FailedRow(row.id, error, delay, park=False, counts=False))
         else:
             attempts = row.attempts + 1
             park = attempts >= config.max_attempts
-            result.failed.append(Failure(row.id, error, config.backoff(row.attempts), park))
+            result.failed.append(FailedRow(row.id, error, config.backoff(row.attempts), park))
             log.log(
                 logging.ERROR if park else logging.WARNING,
                 "outbox row %s: publish failed (attempt %d of %d%s): %s",

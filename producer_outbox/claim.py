@@ -146,7 +146,7 @@ WHERE o.id = f.id AND o.status = 'pending'
 
 
 @dataclass(frozen=True)
-class Failure:
+class FailedRow:
     """A row whose publish failed: retry after ``delay`` seconds, or ``park`` it as dead.
 
     ``counts``: the row's own failure, one more of its ``attempts``; an
@@ -234,7 +234,7 @@ def mark(
     conn: psycopg.Connection[tuple[Any, ...]],
     schema: str,
     sent: Sequence[str],
-    failed: Sequence[Failure],
+    failed: Sequence[FailedRow],
 ) -> None:
     """Record the rows' outcome: ``sent`` rows done, ``failed`` rows retried later or parked.
 
@@ -256,7 +256,7 @@ def _mark(
     conn: psycopg.Connection[tuple[Any, ...]],
     schema: str,
     sent: Sequence[str],
-    failed: Sequence[Failure],
+    failed: Sequence[FailedRow],
 ) -> None:
     if sent:
         conn.execute(sql.SQL(_MARK_SENT).format(outbox=_outbox(schema)), (_uuids(sent),))

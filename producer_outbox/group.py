@@ -62,16 +62,16 @@ import psycopg
 from kinbox.core.failpoints import failpoint
 from producer_outbox import claim as store
 from producer_outbox import topics
-from producer_outbox.batch import Settlement, plan, settle
+from producer_outbox.batch import Marks, judge, plan
 from producer_outbox.cleanup import delete_sent
 from producer_outbox.config import RelayConfig
 from producer_outbox.flight import Flight, InFlight, Settled
-from producer_outbox.lanes import LaneOwner
+from producer_outbox.lane_locks import LaneOwner
 from producer_outbox.publisher import AnyPublisher, Siblings, Streaming, streaming
 from producer_outbox.records import OutboxRow, to_record
-from producer_outbox.retention import TopicRetention, floor
 from producer_outbox.schedule import Scheduler
 from producer_outbox.schema import notify_channel
+from producer_outbox.sent_retention import TopicRetention, floor
 from producer_outbox.shared import Shared
 from producer_outbox.telemetry import RelayTelemetry
 
@@ -351,9 +351,7 @@ class LaneGroup:
             outcomes += part_outcomes
             if part.flight.epoch != self._epoch:
                 stale.update(row.id for row in part_rows)
-        result = settle(
-            rows, outcomes, self.config, outage_delay=self.config.backoff(self._outages)
-        )
+        result = judge(rows, outcomes, self.config, outage_delay=self.config.backoff(self._outages))
         failed = [f for f in result.failed if f.id not in stale]
         # Crash tests: acked by Kafka, not yet marked: a restart must re-publish;
         # the second one only while another group has rows in flight too.
@@ -389,7 +387,7 @@ class LaneGroup:
             self._serve(0.2)
             self.settle_flights(conn)
 
-    def _track_topics(self, conn: Connection, result: Settlement) -> None:
+    def _track_topics(self, conn: Connection, result: Marks) -> None:
         """Pause the topics Kafka refused as a whole."""
         for topic, error in sorted(result.topics.items()):
             failures, retry_in = topics.record_failure(

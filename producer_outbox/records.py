@@ -32,7 +32,7 @@ class OutboxRow(NamedTuple):
     """The W3C trace context stored by ``enqueue``, if a span was current then."""
     tracestate: str | None = None
     lane: int = 0
-    """The lane the claim found it in (:mod:`producer_outbox.lanes`)."""
+    """The lane the claim found it in (:mod:`producer_outbox.lane_locks`)."""
 
 
 class Record(NamedTuple):

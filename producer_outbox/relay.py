@@ -98,7 +98,7 @@ import psycopg
 from producer_outbox.config import RelayConfig
 from producer_outbox.group import Connection, LaneGroup
 from producer_outbox.publisher import AnyPublisher, Siblings
-from producer_outbox.retention import TopicRetention
+from producer_outbox.sent_retention import TopicRetention
 from producer_outbox.shared import RelayObserver, Shared
 from producer_outbox.telemetry import RelayTelemetry
 

@@ -46,9 +46,9 @@ from kinbox.core.otel.instruments import (
 )
 from kinbox.core.otel.propagation import as_parent, formatted, parse
 from producer_outbox import trace_context
+from producer_outbox.outbox_status import Backlog, read_backlog
 from producer_outbox.publisher import Outcome
 from producer_outbox.records import OutboxRow, Record
-from producer_outbox.status import Backlog, read_backlog
 from producer_outbox.topics import FailingTopic, read_failing
 
 _KAFKA_ERROR = re.compile(r"_?[A-Z][A-Z0-9_]*(?=: )")

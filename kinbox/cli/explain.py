@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from kinbox.cli.support import connection_options, guard, load_settings
-from kinbox.ops.explain import Explanation, explain
+from kinbox.ops.explanation import Explanation, explain
 from producer_outbox.links import OutboxEntry
 
 

@@ -74,6 +74,6 @@ def inbox() -> None:
     """The inbox table, processed_events."""
 
 
-from kinbox.cli.retention import cleanup  # noqa: E402  (after the group it joins)
+from kinbox.cli.inbox_cleanup import cleanup  # noqa: E402  (after the group it joins)
 
 inbox.add_command(cleanup)

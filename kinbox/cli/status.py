@@ -20,7 +20,7 @@ from kinbox.cli.support import (
     load_settings,
     parse_duration,
 )
-from kinbox.ops.status import GroupStatus, StatusReport, Thresholds, ago, gather
+from kinbox.ops.status_report import GroupStatus, StatusReport, Thresholds, ago, gather
 from producer_outbox.slots import format_size
 
 

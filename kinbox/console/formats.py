@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from kinbox.ops.status import ago
+from kinbox.ops.status_report import ago
 from producer_outbox.slots import format_size
 
 __all__ = ["ago", "format_size", "moment", "since"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from kinbox.console.letters import Scan, TopicCount
 from kinbox.core.config import Settings
 from kinbox.core.errors import KinboxError
-from kinbox.ops.status import StatusReport, gather
+from kinbox.ops.status_report import StatusReport, gather
 
 log = logging.getLogger(__name__)
 

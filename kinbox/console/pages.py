@@ -22,7 +22,7 @@ from kinbox.console.fingerprint import is_fingerprint
 from kinbox.console.letters import Letter, LetterGroup, Scan
 from kinbox.console.overview import Snapshot
 from kinbox.core.errors import KinboxError
-from kinbox.ops.explain import explain
+from kinbox.ops.explanation import explain
 
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 

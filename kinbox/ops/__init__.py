@@ -1,14 +1,21 @@
-"""Ops: running the worker as a process, and what an operator sees of it.
+"""Ops: the worker and the outbox relay as processes, and what an operator sees of them.
 
-==============  ===============================================================
-``worker``      build the runner from settings, signals, graceful shutdown
-``supervisor``  ``--processes N``: N members, one process each
-``lifeline``    a child dies with its parent (``PR_SET_PDEATHSIG``)
-``health``      ``/livez`` and ``/readyz`` (``--health-port``), fed by the loop
-``logs``        text or ``--log-format json``, secrets masked
-``lag``         a group's partitions as the broker sees them, oldest unprocessed
-``status``      what ``kinbox status`` gathers, and its thresholds
-``explain``     what ``kinbox explain`` gathers
-``retention``   the dedup window ``kinbox inbox cleanup`` must not cut into
-==============  ===============================================================
+=================  ============================================================
+``worker``         build the runner from settings, signals, graceful shutdown
+``supervisor``     ``--processes N``: N members, one process each
+``lifeline``       a child dies with its parent (``PR_SET_PDEATHSIG``)
+``shutdown``       the bound on a graceful stop
+``relay_process``  the outbox relay as a process: logs, telemetry, signals
+``health``         ``/livez`` and ``/readyz`` (``--health-port``), fed by the loop
+``logs``           text or ``--log-format json``, secrets masked
+``exits``          exit statuses, and kinbox's errors turned into them
+``group_lag``      a group's partitions as the broker sees them, oldest unprocessed
+``status_report``  what ``kinbox status`` gathers, and its thresholds
+``explanation``    what ``kinbox explain`` gathers
+``dedup_window``   the window ``kinbox inbox cleanup`` must not cut into
+=================  ============================================================
+
+Where the inbox and the outbox meet (status, explain, the retention guards):
+the shell's lower half, below the command line (:mod:`kinbox.cli`) and the
+console, which import it; it imports neither.
 """

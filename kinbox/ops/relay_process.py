@@ -23,7 +23,7 @@ from kinbox.store.probe import ping
 from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import KafkaPublisher
 from producer_outbox.relay import Relay
-from producer_outbox.retention import broker_retention
+from producer_outbox.sent_retention import broker_retention
 
 log = logging.getLogger("producer_outbox")
 

@@ -17,7 +17,7 @@ It implements the seam of :mod:`kinbox.core.inbox` (:class:`InboxStore`,
 ``schema``      the inbox's tables, as versioned migration steps
 ``migrations``  applying versioned steps under an advisory lock (shared with
                 ``producer_outbox``)
-``retention``   deleting old ``processed_events`` rows in bounded batches
+``pruning``     deleting old ``processed_events`` rows in bounded batches
 ``inspect``     reading it for ``kinbox status`` and ``kinbox explain``, by index
 ``probe``       is the database reachable (``/readyz``)
 ==============  ===============================================================

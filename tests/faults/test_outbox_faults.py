@@ -25,7 +25,7 @@ from psycopg import sql
 
 from kinbox.devstack.stack import Stack
 from producer_outbox.config import RelayConfig
-from producer_outbox.lanes import LaneOwner
+from producer_outbox.lane_locks import LaneOwner
 from tests.support.fault_run import Run
 from tests.support.outbox import (
     as_produced,

@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 from kinbox.devstack.stack import Stack
-from producer_outbox.lanes import LaneOwner
+from producer_outbox.lane_locks import LaneOwner
 from tests.support.database import Conn
 from tests.support.fault_run import Run
 from tests.support.outbox import (

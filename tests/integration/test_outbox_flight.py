@@ -21,7 +21,7 @@ from psycopg import sql
 
 from kinbox.devstack.stack import Stack
 from producer_outbox.claim import claim
-from producer_outbox.lanes import lane_key
+from producer_outbox.lane_locks import lane_key
 from producer_outbox.publisher import KafkaPublisher, Outcome, Sending, producer_config
 from producer_outbox.records import Record
 from producer_outbox.relay import Relay

@@ -6,8 +6,8 @@ import pytest
 
 from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError
-from kinbox.ops.retention import Guard, floor
-from kinbox.ops.status import ago
+from kinbox.ops.dedup_window import Guard, floor
+from kinbox.ops.status_report import ago
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 from confluent_kafka import KafkaError
 
-from producer_outbox.batch import plan, settle
+from producer_outbox.batch import judge, plan
 from producer_outbox.config import RelayConfig
 from producer_outbox.publisher import ACKED, HELD, Outcome, _outcome
 from producer_outbox.records import OutboxRow
@@ -24,7 +24,7 @@ def _row(key: str | None = "k", attempts: int = 0, topic: str = "t") -> OutboxRo
 def test_own_failures_count_and_park_on_the_last_attempt() -> None:
     config = RelayConfig(database_url="x", max_attempts=3)
     ok, first, last = _row("a"), _row("b"), _row("c", attempts=2)
-    result = settle([ok, first, last], [ACKED, Outcome("too big"), Outcome("bad")], config)
+    result = judge([ok, first, last], [ACKED, Outcome("too big"), Outcome("bad")], config)
     assert result.sent == [ok.id]
     by_id = {f.id: f for f in result.failed}
     assert by_id[first.id].counts and not by_id[first.id].park
@@ -37,7 +37,7 @@ def test_an_outage_neither_counts_nor_parks_and_uses_the_outage_delay() -> None:
     config = RelayConfig(database_url="x", max_attempts=3)
     row = _row(attempts=2)
     # When an outage fails it (however long the outage lasts)
-    result = settle([row], [TIMEOUT], config, outage_delay=7.0)
+    result = judge([row], [TIMEOUT], config, outage_delay=7.0)
     # Then the error is recorded, the attempt is not counted, and it is not parked
     (failure,) = result.failed
     assert (failure.counts, failure.park, failure.delay) == (False, False, 7.0)
@@ -47,7 +47,7 @@ def test_an_outage_neither_counts_nor_parks_and_uses_the_outage_delay() -> None:
 def test_a_topic_failure_leaves_rows_untouched_and_reports_the_topic() -> None:
     config = RelayConfig(database_url="x", max_attempts=1)
     rows = [_row("a", topic="gone"), _row("b", attempts=5, topic="gone")]
-    result = settle(rows, [TOPIC_DOWN, TOPIC_DOWN], config)
+    result = judge(rows, [TOPIC_DOWN, TOPIC_DOWN], config)
     assert result.failed == [] and result.sent == []
     assert result.topics == {"gone": TOPIC_DOWN.error}
 
@@ -55,7 +55,7 @@ def test_a_topic_failure_leaves_rows_untouched_and_reports_the_topic() -> None:
 def test_a_row_held_behind_its_key_gains_no_attempt() -> None:
     config = RelayConfig(database_url="x", max_attempts=1)
     bad, waiting = _row("k"), _row("k")
-    result = settle([bad, waiting], [Outcome("too big"), HELD], config)
+    result = judge([bad, waiting], [Outcome("too big"), HELD], config)
     assert [f.id for f in result.failed] == [bad.id]
     assert result.held == 1
 
@@ -65,7 +65,7 @@ def test_an_ack_after_a_failure_of_the_same_key_is_reported_as_an_order_break(
 ) -> None:
     config = RelayConfig(database_url="x")
     rows = [_row("k"), _row("k"), _row("other")]
-    result = settle(rows, [Outcome("too big"), ACKED, ACKED], config)
+    result = judge(rows, [Outcome("too big"), ACKED, ACKED], config)
     assert result.order_broken == 1
     assert "per-key order broken" in caplog.text
 

@@ -9,7 +9,7 @@ import pytest
 
 from kinbox.core.errors import ConfigurationError
 from producer_outbox.config import RelayConfig
-from producer_outbox.lanes import group_target
+from producer_outbox.lane_locks import group_target
 from producer_outbox.publisher import HELD, KafkaPublisher, Outcome, producer_config
 from producer_outbox.records import OutboxRow, Record, row_from_db, to_record
 from producer_outbox.relay import Relay

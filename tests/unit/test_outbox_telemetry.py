@@ -17,9 +17,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NoOpTracerProvider, SpanKind
 
 from producer_outbox import trace_context
+from producer_outbox.outbox_status import Backlog
 from producer_outbox.publisher import ACKED, Outcome
 from producer_outbox.records import OutboxRow, Record, row_from_db, to_record
-from producer_outbox.status import Backlog
 from producer_outbox.telemetry import RelayTelemetry
 from producer_outbox.writer import RESERVED_HEADERS
 

@@ -1,7 +1,7 @@
 """How long sent outbox rows are kept: at least as long as their records can still be consumed.
 
 The inbox's window protects exactly-once: a ``processed_events`` row deleted
-too early lets a redelivery apply its event again (:mod:`kinbox.ops.retention`).
+too early lets a redelivery apply its event again (:mod:`kinbox.ops.dedup_window`).
 The outbox has no such duty. A row is published again only while it is not
 marked sent (a relay killed between Kafka's acknowledgement and its COMMIT),
 and cleanup never touches pending or parked rows; once sent, nothing of

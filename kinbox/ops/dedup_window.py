@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kinbox.kafka.inspect import Inspector
-from kinbox.ops.lag import read_lag
+from kinbox.ops.group_lag import read_lag
 
 _UNKNOWN = (
     "Kafka knows no member and no committed offset of this group, so which topics it "

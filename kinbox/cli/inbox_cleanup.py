@@ -1,7 +1,7 @@
 """``kinbox inbox cleanup``: delete old ``processed_events`` rows, never inside the dedup window.
 
 The window is read from the broker for every group whose rows would go
-(:mod:`kinbox.ops.retention`): the topics' retention, the oldest record not
+(:mod:`kinbox.ops.dedup_window`): the topics' retention, the oldest record not
 consumed yet, the oldest dead letter still on a dead-letter topic. Asked to
 delete inside it, the command refuses (exit 8) and says which guard and why;
 ``--force`` deletes anyway and says what that risks.
@@ -21,8 +21,8 @@ from kinbox.cli.support import (
     parse_duration,
 )
 from kinbox.core.errors import TransportError
-from kinbox.ops.retention import Guard, floor, guards
-from kinbox.ops.status import ago
+from kinbox.ops.dedup_window import Guard, floor, guards
+from kinbox.ops.status_report import ago
 
 RISK = (
     "a redelivery of an event whose row is gone — a group reset to the earliest offset, "
@@ -74,7 +74,7 @@ def cleanup(
     from kinbox.kafka.inspect import Inspector
     from kinbox.kafka.producer import producer_config
     from kinbox.store.inspect import InboxReader
-    from kinbox.store.retention import count_processed, delete_processed
+    from kinbox.store.pruning import count_processed, delete_processed
 
     settings = load_settings(**connection)
     age = parse_duration(older_than)

@@ -4,7 +4,7 @@ A row is what suppresses a redelivery of its event, so the retention must
 exceed the longest time a record can still be delivered again: the topic's
 retention, the worst consumer lag, and any ``kinbox dlq replay`` of old dead
 letters. A redelivery that finds its row gone is applied again.
-:mod:`kinbox.ops.retention` reads those horizons from the broker; this module
+:mod:`kinbox.ops.dedup_window` reads those horizons from the broker; this module
 only deletes (and counts, for a dry run).
 """
 

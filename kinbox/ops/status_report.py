@@ -1,8 +1,8 @@
 """What ``kinbox status`` gathers: per group lag and activity, the table, the outbox, the slots.
 
-The broker says where each group is (:mod:`kinbox.ops.lag`), the database
+The broker says where each group is (:mod:`kinbox.ops.group_lag`), the database
 what it did (:mod:`kinbox.store.inspect`), the outbox's own status and the
-replication slots come from :mod:`producer_outbox.status` and
+replication slots come from :mod:`producer_outbox.outbox_status` and
 :mod:`producer_outbox.slots`. :class:`Thresholds` turns what is found into
 warnings; the command exits non-zero when there is any, so it can serve as a
 probe.
@@ -18,12 +18,12 @@ from kinbox.core.config import Settings
 from kinbox.core.errors import SchemaError
 from kinbox.kafka.inspect import Inspector
 from kinbox.kafka.producer import producer_config
-from kinbox.ops.lag import GroupLag, read_lag
+from kinbox.ops.group_lag import GroupLag, read_lag
 from kinbox.store import migrations
 from kinbox.store.inspect import Counted, InboxReader, TableStats
+from producer_outbox.outbox_status import OutboxStatus, read_status
 from producer_outbox.schema import OUTBOX
 from producer_outbox.slots import DEFAULT_WARN_BYTES, SlotStatus, read_slots
-from producer_outbox.status import OutboxStatus, read_status
 
 
 @dataclass(frozen=True)
