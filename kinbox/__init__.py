@@ -3,47 +3,41 @@
 Register handlers with :func:`handler` (or :meth:`App.handler`), run them with
 ``kinbox worker module[:app]``; see the README for the guarantees.
 
-The layout follows a record through the worker::
+The packages stand on floors, and an import never runs back up
+(``tests/unit/test_layering.py`` checks it, counting the imports inside
+functions and under ``TYPE_CHECKING``):
 
-    kafka.base ──► consume ──────────► apply ──────────────► store.base
-    (seam)         envelope, runner,   route, kinds, batch,   (seam)
-    kafka.*        inflight, offsets,  dispatch, narrow,      store.postgres,
-    (confluent-    backoff, breaker    deadletter, policy,    errors, schema,
-     kafka)                            outcome                migrations,
-                                                              retention (psycopg)
+=======  ===================================================================
+roof     ``entry``: the ``kinbox`` command (and ``python -m kinbox``), the
+         shell's group with the tools' commands (``dev``, ``bench``) on it
+tools    ``testing/`` (the test client, fakes, the pytest plugin),
+         ``devstack/`` (local Kafka + PostgreSQL), ``bench/``; nothing
+         below imports them
+shell    ``ops/`` (the worker and relay processes; status, explain and the
+         retention guards, where inbox and outbox meet) < ``console/`` <
+         ``cli/`` (every command, the outbox's too)
+outbox   :mod:`producer_outbox`, a library (writer, relay, CDC): it imports
+         the core and the drivers only
+drivers  ``kafka/`` (confluent-kafka) and ``store/`` (PostgreSQL): each
+         implements seams of the core, and neither imports the other
+engine   ``params/``, ``middleware/`` < ``apply/`` < ``app`` < ``consume/``,
+         and this module, the public face
+core     ``core/``: what every floor shares (the error tree, Event, Record,
+         Settings, a batch's outcome, dead letters, the failure policy) and
+         the seams (Transport, Publisher, InboxStore)
+=======  ===================================================================
 
-================  ==============================================================
-``app``           :class:`App`, :func:`handler`: the registry (no I/O)
-``event``         :class:`Event`, what a handler receives
-``config``        :class:`Settings`: flags > env > app > defaults
-``errors``        the one error tree (shared with ``producer_outbox``)
-``names``         identifier and topic-name validation (shared)
-``failpoints``    crash points for the fault tests, one grammar (shared)
-``lazy``          names that load on first use, for ``__init__`` files (shared)
-``describe``      exceptions and values as safe, bounded text
-``validators``    typed payloads validated by pydantic (the ``pydantic`` extra)
-``cause``         which inbox event a handler works for, read by ``enqueue`` (shared)
-``traceparent``   the W3C trace id of a record, stored by the claim
-``consume/``      the poll loop, up to a partition batch: driver-free
-``apply/``        one partition batch in one transaction: driver-free
-``store/``        the inbox store seam and PostgreSQL behind it
-``kafka/``        the Kafka seam and confluent-kafka behind it
-``params/``       what a handler's parameters get: typed payloads, sessions (driver-free)
-``middleware/``   layers around workers, batches and handler calls; telemetry
-``otel/``         OpenTelemetry names, W3C trace context, the SDK from ``OTEL_*`` (shared)
-``ops/``          the worker process: signals, shutdown, ``--processes N``;
-                  health endpoints, status, explain, retention guards, logs
-``cli/``          the ``kinbox`` command, one module per command group
-``testing/``      the test client, the redelivery check, the pytest plugin, fakes
-``devstack/``     the local Kafka + PostgreSQL (+ Connect) launcher
-``bench/``        the benchmark harness behind ``kinbox bench``
-================  ==============================================================
+A record's walk through the worker::
+
+    core.transport ──► consume/ ───────────► apply/ ─────────────► core.inbox
+    (KafkaTransport)   runner: poll, split   envelope: the event   (PostgresInbox-
+                       by partition, lanes,  batch: claim, call    Store)
+                       offsets, backoff      the handlers, dead
+                                             letters, COMMIT
 
 Only ``kafka/`` imports confluent-kafka, only ``store/`` (and
-``producer_outbox``) psycopg, only ``otel/`` and the telemetry middleware
-(and ``producer_outbox``'s trace context) OpenTelemetry;
-``tests/unit/test_layering.py`` checks that the core loads none of them and
-that no import circle forms.
+``producer_outbox``) psycopg, only ``core/otel/`` and the telemetry
+middleware (and ``producer_outbox``'s trace context) OpenTelemetry.
 
 The names below load on first use (PEP 562), so importing one submodule —
 ``kinbox.core.errors`` from ``producer_outbox``, say — does not drag in the
