@@ -5,6 +5,7 @@
 ``supervisor``     ``--processes N``: N members, one process each
 ``lifeline``       a child dies with its parent (``PR_SET_PDEATHSIG``)
 ``shutdown``       the bound on a graceful stop
+``last_resort``    the bound's exit when no Python thread can run (a C timer)
 ``relay_process``  the outbox relay as a process: logs, telemetry, signals
 ``health``         ``/livez`` and ``/readyz`` (``--health-port``), fed by the loop
 ``logs``           text or ``--log-format json``, secrets masked

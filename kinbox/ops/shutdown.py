@@ -13,6 +13,14 @@ reason's exit status once ``shutdown_timeout`` has passed. That is safe at
 any point: an offset is only ever committed after its database transaction,
 and PostgreSQL rolls back the transaction of a connection that closes.
 
+Its timer is a Python thread, which cannot run while another thread is
+blocked in C holding the GIL (confluent-kafka's binding does that inside
+``Consumer.close()``: :mod:`kinbox.ops.last_resort`). So ``kinbox worker``
+also gives it a last resort that needs no Python: the Python timer fires a
+moment early (:data:`LAST_RESORT_GRACE`), logs why and exits; if it could not
+run, every thread's stack goes to stderr and the C library ends the process,
+with the same status, at the bound.
+
 :func:`watch_threads` makes a kinbox thread that dies (an uncaught
 exception: the event loop of async handlers, say) an ERROR and a stop, never
 a silent end.
@@ -47,17 +55,36 @@ def exit_at_once(status: int) -> NoReturn:
     os._exit(status)
 
 
+LAST_RESORT_GRACE = 0.5
+"""Seconds (a tenth of the bound at most) the Python timer fires before the last resort."""
+
+LastResort = Callable[[float, int, float], object]
+"""Ends the process in ``seconds`` with ``status`` whatever its threads do, first writing their
+stacks ``stacks_before`` seconds earlier (:func:`kinbox.ops.last_resort.arm`)."""
+
+
 class ShutdownBound:
     """Ends the process once a stop has lasted ``timeout`` seconds.
 
     Args:
         timeout: the longest stop (``shutdown_timeout``).
         give_up: what ends the process, given the status (tests replace it).
+        last_resort: armed with the bound and the status as the stop begins,
+            it ends the process even if ``give_up`` cannot run (the GIL held
+            by a thread blocked in C); ``give_up`` then runs
+            :data:`LAST_RESORT_GRACE` early. ``None``: ``give_up`` alone, at
+            the bound.
     """
 
-    def __init__(self, timeout: float, give_up: Callable[[int], object] = exit_at_once) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        give_up: Callable[[int], object] = exit_at_once,
+        last_resort: LastResort | None = None,
+    ) -> None:
         self._timeout = timeout
         self._give_up = give_up
+        self._last_resort = last_resort
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self.status: int | None = None
@@ -69,7 +96,11 @@ class ShutdownBound:
             if self._timer is not None:
                 return
             self.status = status
-            self._timer = threading.Timer(self._timeout, self._expired, args=(why,))
+            grace = 0.0
+            if self._last_resort is not None:
+                grace = min(LAST_RESORT_GRACE, self._timeout / 10)
+                self._last_resort(self._timeout, status, grace / 2)
+            self._timer = threading.Timer(self._timeout - grace, self._expired, args=(why,))
             self._timer.daemon = True
             self._timer.name = f"{THREAD_PREFIX}shutdown-bound"
             self._timer.start()
@@ -77,8 +108,8 @@ class ShutdownBound:
     def _expired(self, why: str) -> None:
         assert self.status is not None
         log.error(
-            "shutdown (%s) took longer than %.1fs: exiting now with status %d; nothing more "
-            "is committed, and what the database had not committed is rolled back",
+            "shutdown (%s) reached its bound of %.1fs: exiting now with status %d; nothing "
+            "more is committed, and what the database had not committed is rolled back",
             why, self._timeout, self.status,
         )  # fmt: skip
         self._give_up(self.status)

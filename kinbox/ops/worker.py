@@ -13,8 +13,9 @@ exit status (:mod:`kinbox.ops.exits`): the stop's clock starts with its first
 reason (:class:`~kinbox.ops.shutdown.ShutdownBound`), and a batch still
 running at the deadline is not waited for, its offsets not committed; the
 process then exits without joining its thread (PostgreSQL rolls back its
-transaction as the connection closes). A kinbox thread that dies stops the
-worker (:func:`~kinbox.ops.shutdown.watch_threads`).
+transaction as the connection closes). The bound holds even while a thread
+is stuck in C holding the GIL (:mod:`kinbox.ops.last_resort`). A kinbox
+thread that dies stops the worker (:func:`~kinbox.ops.shutdown.watch_threads`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from kinbox.core.otel.setup import configure as configure_telemetry
 from kinbox.core.transport import Transport
 from kinbox.kafka import KafkaPublisher, KafkaTransport
 from kinbox.kafka.admin import check_dead_letter_topics
-from kinbox.ops import stamps
+from kinbox.ops import last_resort, stamps
 from kinbox.ops.exits import EXIT_CRASH, EXIT_FATAL, EXIT_INTERRUPTED, worker_status
 from kinbox.ops.health import Health, HealthServer, ObservedTransport
 from kinbox.ops.shutdown import ShutdownBound, exit_at_once, watch_threads
@@ -214,7 +215,7 @@ def run(app: App, settings: Settings) -> None:
         raise
     health = _serve_health(settings)
     observed: Transport = stamped if health is None else ObservedTransport(stamped, health[0])
-    bound = ShutdownBound(settings.shutdown_timeout)
+    bound = ShutdownBound(settings.shutdown_timeout, last_resort=last_resort.arm)
 
     def stopping(error: BaseException | None) -> None:
         if error is None:

@@ -3,14 +3,15 @@
 Whatever stops a ``kinbox worker`` — a signal, its consumer fenced (a fatal
 client error), ``--missing-id fail``, a middleware hook that raises, a
 handler that calls ``sys.exit()`` (sync, or inside an async handler's
-coroutine), the event loop of async handlers dying, or a signal while the
-database is unreachable — it must end within ``shutdown_timeout`` with the
-status that says why, even with a batch in flight that would run for ten
-minutes more: it may wait for that batch until the bound, and must not
-commit its offsets. That batch's transaction is open on the server, with the
-event ids it claimed; the process's exit closes the connection and
-PostgreSQL rolls it back, so nothing of it survives, and a clean worker then
-applies every event exactly once.
+coroutine), the event loop of async handlers dying, a signal while the
+database is unreachable, or a signal while the stop then blocks in a C call
+that holds the GIL (so no Python thread runs, the bound's timer included) —
+it must end within ``shutdown_timeout`` with the status that says why, even
+with a batch in flight that would run for ten minutes more: it may wait for
+that batch until the bound, and must not commit its offsets. That batch's
+transaction is open on the server, with the event ids it claimed; the
+process's exit closes the connection and PostgreSQL rolls it back, so nothing
+of it survives, and a clean worker then applies every event exactly once.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ STOPS: dict[str, dict[str, object]] = {
     "async-sys-exit": {"stop": "sys-exit", "handler": "async", "status": EXIT_HANDLER_EXIT},
     "async-loop-dies": {"stop": "loop-dies", "handler": "async", "status": EXIT_CRASH},
     "database-lost": {"stop": "database-lost", "handler": "sync", "status": EXIT_INTERRUPTED},
+    "gil-held": {"stop": "gil-held", "handler": "sync", "status": EXIT_INTERRUPTED},
 }
 
 SAYS = {
@@ -57,6 +59,8 @@ SAYS = {
     "sys-exit": "raised SystemExit: 3: stopping the worker",
     "loop-dies": "the event loop of async handlers (kinbox-async-handlers) died: SystemExit: 3",
     "database-lost": "SIGTERM: finishing the batch in hand",
+    # No Python runs at the bound: faulthandler's dump of every thread says where it stuck.
+    "gil-held": "most recent call first",
 }
 """What the worker's log must say, by stop, about why it stopped."""
 
@@ -80,6 +84,7 @@ def test_a_stop_never_waits_for_a_stuck_batch_past_its_bound(
         "FAULT_EXIT_IDS": trigger if stop == "sys-exit" else "",
         "FAULT_HOOK_FAIL_IDS": trigger if stop == "middleware" else "",
         "FAULT_KILL_LOOP_IDS": trigger if stop == "loop-dies" else "",
+        "FAULT_STOP_HOLDS_GIL": "1" if stop == "gil-held" else "",
     }
     static = {"group.instance.id": f"{run.group}-member"} if stop == "fenced" else {}
     args = ["--missing-id", "fail"] if stop == "missing-id" else []
@@ -140,7 +145,7 @@ def _stop(
             lambda: any(mark == "end" for mark, _ in read_deliveries(run.log_dir).holds[stuck]),
             30, "the held event to go on",
         )  # fmt: skip
-    if stop in ("signal", "database-lost"):
+    if stop in ("signal", "database-lost", "gil-held"):
         victim.signal(signal.SIGTERM)
         return None
     if stop == "fenced":

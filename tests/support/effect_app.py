@@ -38,6 +38,11 @@ Behaviour, by environment variable:
     (as a callback, which asyncio lets end the loop's thread) and waits.
 ``FAULT_HOOK_FAIL_IDS``
     the middleware's ``before_batch`` raises for a batch holding one of these ids.
+``FAULT_STOP_HOLDS_GIL``
+    set (to anything): the middleware's ``after_worker_stop`` blocks in a C
+    call that keeps the GIL for ten minutes (no Python thread of the worker
+    runs meanwhile, as when librdkafka leaves the binding waiting inside
+    ``Consumer.close()``).
 ``FAULT_BROKEN_UNLESS``
     a path: until a file exists there, the handler raises
     :class:`BrokenDeployError` for every event (a bad deploy; creating the
@@ -72,6 +77,7 @@ from "redelivered and suppressed".
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import sys
 import time
@@ -82,6 +88,7 @@ from psycopg import AsyncConnection, sql
 
 from kinbox import App, Event
 from kinbox.core.record import Record
+from kinbox.middleware.base import WorkerInfo
 from tests.support.worker_log import BatchLog, header_id, process_log, stacks_on_sigusr1
 
 TOPIC = os.environ.get("FAULT_TOPIC", "fault-test")
@@ -100,6 +107,7 @@ BROKEN_UNLESS = os.environ.get("FAULT_BROKEN_UNLESS", "")
 EXIT_IDS = frozenset(filter(None, os.environ.get("FAULT_EXIT_IDS", "").split(",")))
 KILL_LOOP_IDS = frozenset(filter(None, os.environ.get("FAULT_KILL_LOOP_IDS", "").split(",")))
 HOOK_FAIL_IDS = frozenset(filter(None, os.environ.get("FAULT_HOOK_FAIL_IDS", "").split(",")))
+STOP_HOLDS_GIL = bool(os.environ.get("FAULT_STOP_HOLDS_GIL"))
 HANDLER = os.environ.get("FAULT_HANDLER", "sync")
 
 VALUES_DDL = (
@@ -138,6 +146,10 @@ class DeliveryLog(BatchLog):
         super().before_batch(topic, partition, records)
         if HOOK_FAIL_IDS and any(header_id(r) in HOOK_FAIL_IDS for r in records):
             raise RuntimeError("injected: a middleware's before_batch is broken")
+
+    def after_worker_stop(self, worker: WorkerInfo, error: BaseException | None) -> None:
+        if STOP_HOLDS_GIL:
+            ctypes.PyDLL(None).sleep(600)  # a C call that keeps the GIL
 
 
 app = App(group_id=os.environ.get("KINBOX_GROUP_ID", "fault-test"), schema=SCHEMA)

@@ -11,7 +11,9 @@ hook asking to exit stops the worker as a handler doing so does
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -34,6 +36,8 @@ from tests.unit.test_fatal_consumer import BreakingTransport
 pytestmark = pytest.mark.unit
 
 P0, P1 = (T, 0), (T, 1)
+HELD_IN_C = 600
+"""Seconds a C call keeps the GIL in the bound's test: far past any bound there."""
 
 
 class Stuck:
@@ -207,6 +211,27 @@ def test_the_bound_ends_the_process_with_the_first_reasons_status() -> None:
     bound.begin(EXIT_INTERRUPTED, "SIGTERM")  # a later reason changes nothing
     assert done.wait(10)
     assert ended == [EXIT_BAD_INPUT] and bound.status == EXIT_BAD_INPUT
+
+
+def test_the_bound_ends_a_process_whose_main_thread_holds_the_gil_in_a_c_call() -> None:
+    # Given a stop whose bound is armed as kinbox worker arms it, and then the
+    # main thread blocked in a C call that keeps the GIL (as confluent-kafka's
+    # binding does when librdkafka leaves a rebalance's unassign unanswered
+    # inside close()), so that no Python thread runs again
+    script = textwrap.dedent(f"""
+        import ctypes
+        from kinbox.ops import last_resort
+        from kinbox.ops.shutdown import ShutdownBound
+        bound = ShutdownBound(1.0, last_resort=last_resort.arm)
+        bound.begin({EXIT_BAD_INPUT}, "missing_id=fail")
+        ctypes.PyDLL(None).sleep({HELD_IN_C})
+    """)
+    # When it runs
+    ended = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    # Then it still ends with the stop's status (long before the C call would
+    # return), and its stderr says where each thread was
+    assert ended.returncode == EXIT_BAD_INPUT, ended.stderr.decode()
+    assert b"Timeout" in ended.stderr and b"most recent call first" in ended.stderr
 
 
 def test_a_kinbox_thread_that_dies_is_told_and_others_go_to_the_hook_before(
