@@ -28,6 +28,16 @@ time and keeps the next batches of each partition waiting in its lane
 Every call into the client runs under a :class:`~kinbox.kafka.watch.CallWatch`:
 a synchronous commit can wait forever inside librdkafka, and then the worker
 must say so, and end, rather than stall in silence.
+
+Closing: the member leaves the group first (``unsubscribe()``, then polls
+until its partitions are revoked, at most :data:`LEAVE_WAIT`), and only then
+is the client closed. A revoke served inside ``Consumer.close()`` is a hazard:
+after the callback the binding calls librdkafka's ``incremental_unassign``
+(or ``assign``) holding the GIL, and while the consumer closes in the middle
+of a rebalance librdkafka may never answer it
+(https://github.com/confluentinc/librdkafka/issues/4884, /4527), which
+freezes every thread of the process. Served inside a poll, the group thread
+is still running and answers; ``close()`` then has nothing to revoke.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import operator
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -49,7 +60,7 @@ from confluent_kafka import (
 
 from kinbox.core import describe as text
 from kinbox.core.config import Settings
-from kinbox.core.errors import FatalTransportError
+from kinbox.core.errors import FatalTransportError, TransportError
 from kinbox.core.event import Event
 from kinbox.core.failpoints import failpoint
 from kinbox.core.lag import LagBoard
@@ -79,6 +90,11 @@ PREFETCH: dict[str, int] = {
     "max.partition.fetch.bytes": 256 * 1024,
 }
 """kinbox's prefetch limits for the consumer (librdkafka's own defaults are larger)."""
+
+LEAVE_WAIT = 10.0
+"""Seconds :meth:`KafkaTransport.close` polls at most for the revoke of the member's partitions."""
+
+_LEAVE_POLL = 0.1
 
 
 def consumer_config(settings: Settings, lag: LagBoard | None = None) -> dict[str, Any]:
@@ -156,6 +172,7 @@ class KafkaTransport:
         # poll's first consume() call.
         self._handed: dict[Partition, int] = {}
         self._ended: set[Partition] = set()
+        self._owned: set[Partition] = set()  # assigned, not yet revoked or lost
         # A call may last a revoke's wait and a commit; one past the poll
         # interval has cost the member its place in the group already.
         interval = settings.effective_max_poll_interval
@@ -168,12 +185,14 @@ class KafkaTransport:
         """An assignment of ``partitions`` begins: nothing returned for them yet."""
         for tp in partitions:
             self._handed.pop(tp, None)
+        self._owned.update(partitions)
 
     def _end(self, partitions: list[Partition]) -> None:
         """The assignment of ``partitions`` ended (after the listener committed what it could)."""
         for tp in partitions:
             self._handed.pop(tp, None)
         self._ended.update(partitions)
+        self._owned.difference_update(partitions)
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         """See :meth:`Transport.subscribe`.
@@ -362,7 +381,15 @@ class KafkaTransport:
         return reader(deserializer)
 
     def close(self) -> None:
-        """See :meth:`Transport.close`."""
+        """See :meth:`Transport.close`: leave the group inside polls, then close the client.
+
+        What a poll of the leave returns is dropped: its partitions are being
+        revoked, and their next owner reads it (:meth:`handed` counts it, so
+        the revoke's commit stays below it).
+        """
+        if self._listener is not None:
+            self._leave()
+            self._listener = None
         self._watch.stop()  # close may outlast the watch's bound; the shutdown timer has it
         try:
             self._consumer.close()
@@ -370,6 +397,30 @@ class KafkaTransport:
         # (see kinbox.kafka.errors); the client is released all the same.
         except (KafkaException, RuntimeError, SystemError) as exc:
             log.warning("closing the consumer failed: %s", exc)
+
+    def _leave(self) -> None:
+        """Unsubscribe, and poll until every partition of the member is revoked (or lost).
+
+        Gives up after :data:`LEAVE_WAIT`, or on an error (a fatally failed
+        consumer refuses to unsubscribe): ``close()`` then revokes what is left.
+        """
+        try:
+            with self._watch.call("unsubscribing"):
+                self._consumer.unsubscribe()
+        except (KafkaException, RuntimeError) as exc:
+            log.debug("unsubscribing before close failed: %s", exc)
+            return
+        deadline = time.monotonic() + LEAVE_WAIT
+        try:
+            while self._owned and time.monotonic() < deadline:
+                self._consume(10_000, _LEAVE_POLL)
+        except TransportError as exc:
+            log.debug("polling for the revoke before close failed: %s", exc)
+        if self._owned:
+            log.warning(
+                "leaving the group: %d partition(s) not revoked after %.0fs; closing the "
+                "consumer revokes them", len(self._owned), LEAVE_WAIT,
+            )  # fmt: skip
 
     def _call(self, what: str, method: Any, partitions: Sequence[Partition]) -> None:
         try:

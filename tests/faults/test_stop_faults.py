@@ -12,11 +12,18 @@ that batch until the bound, and must not commit its offsets. That batch's
 transaction is open on the server, with the event ids it claimed; the
 process's exit closes the connection and PostgreSQL rolls it back, so nothing
 of it survives, and a clean worker then applies every event exactly once.
+
+Scenario 28b: a member SIGTERMed while the group rebalances around one that
+was SIGKILLed and is still a member (its session has not timed out), under
+each assignment protocol. Its stop must be graceful all the same (exit 0,
+well within its bound): it leaves the group inside its polls, so closing
+the client has nothing left to revoke (:mod:`kinbox.kafka.consumer`).
 """
 
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 from kinbox.ops.exits import (
@@ -30,10 +37,11 @@ from tests.support.database import with_application_name, writing
 from tests.support.fault_run import Run
 from tests.support.faultproxy import FaultProxy
 from tests.support.invariants import effect_counts, processed
+from tests.support.launch import PROTOCOLS
 from tests.support.records import Headers, committed, write_records
 from tests.support.scenario import scenario
 from tests.support.waiting import wait_for
-from tests.support.workers import Worker, read_deliveries
+from tests.support.workers import FAST_ENV, Worker, read_deliveries
 
 SHUTDOWN_TIMEOUT = 4
 HELD_FOR = 600
@@ -163,3 +171,37 @@ def _stop(
 
 def _port(database_url: str) -> int:
     return int(database_url.rsplit(":", 1)[1].split("/", 1)[0])
+
+
+@scenario(
+    "28b", "member stopped mid-rebalance ({case})", fault="SIGKILL one, SIGTERM one, {case}",
+    partitions=6, cases={protocol: {"protocol": protocol} for protocol in PROTOCOLS},
+)  # fmt: skip
+def test_a_member_stopped_while_the_group_waits_for_a_dead_one_stops_cleanly(
+    run: Run, protocol: str
+) -> None:
+    run.produce(count=3000)
+    kafka = PROTOCOLS[protocol]
+    env = {"FAULT_SLEEP": "0.01"}  # the stream lasts through every change below
+    with run.sampling():
+        # Given two members, and a third that joins them
+        first = run.factory.start("first", env=env, kafka=kafka, batch_max_messages=20)
+        doomed = run.factory.start("doomed", env=env, kafka=kafka, batch_max_messages=20)
+        first.wait_assigned()
+        doomed.wait_assigned()
+        third = run.factory.start("third", env=env, kafka=kafka)
+        third.wait_assigned()
+        # When one is SIGKILLed (a member still, until its session times out)
+        doomed.kill()
+        time.sleep(run.rng.uniform(0.2, 3.0))
+        # and another is SIGTERMed while the group waits for the dead one
+        first.signal(signal.SIGTERM)
+        # Then it stops as asked, within its bound
+        status = first.wait(float(FAST_ENV["KINBOX_SHUTDOWN_TIMEOUT"]) + 30)
+        assert status == 0, f"exit status {status}\n{first.log_tail(60)}"
+        assert "closing the consumer revokes" not in first.log(), first.log_tail(60)
+        # and the one left goes on to the end
+        run.wait_caught_up(third)
+        assert third.stop() == 0, third.log_tail()
+    # And every event is applied exactly once, no offset ahead of the database
+    run.finish()

@@ -9,10 +9,15 @@ from the first (cooperatively, eagerly — everything, then the rest back — or
 by the broker's KIP-848 assignment). Released, the first member's second call
 serves the revoke: the offset it commits must stay below the record the first
 call returned, and the second member must apply that record.
+
+A member that closes is revoked inside a poll too: it leaves the group in
+its polls before the client's ``close()`` (see :mod:`kinbox.kafka.consumer`),
+under every protocol.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -25,6 +30,7 @@ from kinbox import App
 from kinbox.core import failpoints
 from kinbox.core.config import Settings
 from kinbox.devstack.stack import Stack
+from kinbox.kafka import KafkaTransport
 from tests.conftest import MakeTopic
 from tests.integration.inbox_app import recorder
 from tests.integration.inbox_support import (
@@ -155,3 +161,48 @@ def test_a_revoke_inside_a_poll_loses_nothing(
         "e0": [FIRST], "e1": [FIRST], "e2": [FIRST], "e3": [SECOND], "e4": [SECOND],
     }, rows  # fmt: skip
     assert_offsets_not_ahead(db, schema, stack.bootstrap_servers, group, moving, 1, produced)
+
+
+class _Closing:
+    """A rebalance listener noting which Python call into the client served each revoke."""
+
+    def __init__(self) -> None:
+        self.owned: set[tuple[str, int]] = set()
+        self.revoked_in: list[str] = []
+
+    def on_assigned(self, partitions: list[tuple[str, int]]) -> None:
+        self.owned.update(partitions)
+
+    def on_revoked(self, partitions: list[tuple[str, int]]) -> None:
+        self.owned.difference_update(partitions)
+        # The caller of the transport's callback is the method whose call into
+        # the client served it: the poll's consume(), or the client's close().
+        self.revoked_in.append(sys._getframe(2).f_code.co_name)
+
+    def on_lost(self, partitions: list[tuple[str, int]]) -> None:
+        self.owned.difference_update(partitions)
+
+    def on_committed(self, offsets: object, error: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_a_closing_member_is_revoked_inside_a_poll_never_inside_the_clients_close(
+    stack: Stack, make_topic: MakeTopic, protocol: str
+) -> None:
+    # Given a member that owns a topic's partitions
+    topic = make_topic(partitions=2)
+    settings = Settings(
+        bootstrap_servers=stack.bootstrap_servers, database_url="postgresql:///unused",
+        group_id=f"g-{uuid.uuid4().hex[:8]}", kafka_overrides=PROTOCOLS[protocol][0],
+        **FAST_TIMINGS,
+    ).validate()  # fmt: skip
+    transport, listener = KafkaTransport(settings), _Closing()
+    transport.subscribe([topic], listener)
+    wait_for(lambda: transport.poll(10, 0.2) == [] and len(listener.owned) == 2, timeout=60,
+             what="the member owning both partitions")  # fmt: skip
+    # When it closes
+    transport.close()
+    # Then its partitions were revoked inside a poll of its own: the client's
+    # close() had nothing left to revoke (a revoke served there can hang)
+    assert listener.revoked_in == ["_consume"] and not listener.owned, listener.revoked_in
