@@ -14,7 +14,7 @@ registry with Confluent's API (Apicurio Registry, :class:`SchemaRegistry`) runs 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
@@ -95,6 +95,7 @@ def local_stack(
     cdc: bool = False,
     schema_registry: bool = False,
     brokers: int = 1,
+    postgres_settings: Mapping[str, str] | None = None,
 ) -> Iterator[Stack]:
     """Start (or find) Kafka and PostgreSQL; stop what was started on exit, even on errors.
 
@@ -105,6 +106,8 @@ def local_stack(
         schema_registry: also start a schema registry (Apicurio, Confluent's API).
         brokers: Kafka nodes to start: 1 (the default) or a replicated
             :class:`KafkaCluster` of that many.
+        postgres_settings: server settings of a PostgreSQL started here
+            (``{"track_commit_timestamp": "on"}``); an external one keeps its own.
     """
     external_kafka = os.environ.get(EXTERNAL_KAFKA_ENV) if use_external else None
     external_db = os.environ.get(EXTERNAL_DATABASE_ENV) if use_external else None
@@ -113,7 +116,7 @@ def local_stack(
         kafka: KafkaBroker | None = None
         cluster: KafkaCluster | None = None
         if not external_db:
-            postgres = PostgresServer(fsync=fsync)
+            postgres = PostgresServer(fsync=fsync, settings=dict(postgres_settings or {}))
             cleanup.callback(postgres.close)
             postgres.start()
         if external_kafka:
