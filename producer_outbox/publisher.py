@@ -87,6 +87,14 @@ _TOPIC_CODES = frozenset(
 )
 
 
+TOPIC_CHECK_WAIT = 2.0
+"""Seconds a send waits for the cluster's answer about a topic it has not confirmed yet.
+
+The whole lane group waits meanwhile, so not long: the broker asked may be
+frozen. Without an answer the records go (as they would to a confirmed topic),
+and the topic is not asked about again until a delivery report refuses it.
+"""
+
 _MAY_WRITE = frozenset({AclOperation.WRITE, AclOperation.ALL})
 # The admin client is a plain client: without these it asks for no producer id.
 _PRODUCER_ONLY = ("enable.idempotence", "enable.gapless.guarantee", "acks", "message.timeout.ms")
@@ -350,8 +358,9 @@ class KafkaPublisher:
         self._flush_timeout = timeout_ms / 1000 + 5.0
         self.replaced = 0
         """How many times a fatally failed producer was replaced."""
-        self._metadata_timeout = min(10.0, timeout_ms / 1000)
-        self._writable: set[str] = set()  # topics the broker confirmed (see _refused_topics)
+        self._metadata_timeout = min(TOPIC_CHECK_WAIT, timeout_ms / 1000)
+        # Topics the broker confirmed, or left unanswered (see _refused_topics).
+        self._writable: set[str] = set()
         self._flights: list[_Flight] = []  # sends with records still waiting for reports
 
     def sibling(self) -> KafkaPublisher:
@@ -463,14 +472,19 @@ class KafkaPublisher:
         the same keys in other topics may be acknowledged. Asked first, a
         missing or forbidden topic fails its records before any is produced,
         so the later records of their keys are held. So does one this client
-        may see but not write (:meth:`_write_denied`).
+        may see but not write (:meth:`_write_denied`). A question the cluster
+        leaves unanswered (:data:`TOPIC_CHECK_WAIT`) is not asked again at
+        every send: each time, the group would wait for it.
         """
         refused: dict[str, Outcome] = {}
         for topic in sorted({r.topic for r in records} - self._writable):
             try:
                 metadata = self._producer.list_topics(topic, timeout=self._metadata_timeout)
             except KafkaException:
-                continue  # broker unreachable: producing reports the outage
+                # No answer (the broker asked is down or frozen): the records go, and
+                # a refusal in their delivery reports has the topic asked about again.
+                self._writable.add(topic)
+                continue
             found = metadata.topics.get(topic)
             error = found.error if found is not None else None
             if found is not None and error is None:

@@ -4,13 +4,15 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from kinbox.core.errors import ConfigurationError
 from producer_outbox.config import RelayConfig
 from producer_outbox.lane_locks import group_target
-from producer_outbox.publisher import HELD, KafkaPublisher, Outcome, producer_config
+from producer_outbox.publisher import ACKED, HELD, KafkaPublisher, Outcome, producer_config
 from producer_outbox.records import OutboxRow, Record, row_from_db, to_record
 from producer_outbox.relay import Relay
 from producer_outbox.shared import Shared
@@ -98,6 +100,45 @@ def test_refused_record_holds_back_later_records_of_its_key() -> None:
     assert outcomes[1] is HELD, "waits behind its key without counting as an attempt"
     assert outcomes[2] is HELD, "a key's order spans topics"
     assert "SIZE" in (outcomes[3].error or "")
+
+
+class _Unanswered:
+    """A producer whose cluster never answers a question about a topic, and acks every record."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.asked: list[str] = []
+        self._reports: list[Any] = []
+
+    def list_topics(self, topic: str, timeout: float = -1) -> Any:
+        self.asked.append(topic)
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+
+    def produce(self, topic: str, **kw: Any) -> None:
+        self._reports.append(kw["on_delivery"])
+
+    def poll(self, timeout: float = -1) -> int:
+        reports, self._reports = self._reports, []
+        for report in reports:
+            report(None, None)
+        return len(reports)
+
+
+def test_a_topic_the_cluster_does_not_answer_about_is_not_asked_about_at_every_send() -> None:
+    # Given a relay's publisher whose question about a new topic goes unanswered
+    # (the broker asked is frozen: the lane group waits for the answer)
+    made: list[_Unanswered] = []
+
+    def factory(config: dict[str, Any]) -> Any:
+        made.append(_Unanswered(config))
+        return made[-1]
+
+    publisher = KafkaPublisher(producer_config("b:9092", {}), factory=factory, admin_factory=None)
+    # When two sends go to that topic
+    first = publisher.publish([Record("t", b"k", b"1", [])])
+    second = publisher.publish([Record("t", b"o", b"2", [])])
+    # Then both are delivered, and the group waited for the question only once
+    assert first == second == [ACKED]
+    assert made[0].asked == ["t"]
 
 
 def test_relay_runs_lane_groups_only_with_a_publisher_that_has_siblings() -> None:
