@@ -22,6 +22,9 @@ broker is SIGSTOPped under the outbox relay while it is the only replica of
 one topic: a row for that topic waits for it, and rows of the other keys
 must go on being published and marked meanwhile, the later row of the
 waiting row's key behind it (:func:`test_a_stopped_topic_holds_up_only_its_own_keys`).
+The waiting record's delivery timeout is longer than the test, so "meanwhile"
+is an order of events, not a race between the others' publishing and that
+timeout.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from tests.support.outbox import (
     consume,
     count,
     first_deliveries,
+    key_of_every_lane,
     migrate_outbox,
     outbox_rows,
     relay_process,
@@ -201,6 +205,9 @@ def test_rolling_restart_under_the_pipeline(run: Run, cluster: Stack) -> None:
 
 
 LANES = 8
+IN_FLIGHT_FOR = 300_000
+"""``message.timeout.ms`` of the relay under a stopped broker: its record waits that long,
+past every wait of the test (a row settles only when its record does)."""
 
 
 def _state(db: Conn, schema: str, row_id: str) -> tuple[Any, ...]:
@@ -222,13 +229,20 @@ def test_a_stopped_topic_holds_up_only_its_own_keys(cluster: Stack) -> None:
     with psycopg.connect(cluster.database_url, autocommit=True) as db:
         migrate_outbox(db, schema)
         companion = same_lane_key(db, key, LANES)  # its row goes in the stuck row's claim
+        kafka_config = {"message.timeout.ms": str(IN_FLIGHT_FOR)}
         try:
-            with running_relay(cluster, schema, lanes=LANES, batch_size=50):
+            with running_relay(cluster, schema, lanes=LANES, batch_size=50, kafka=kafka_config):
                 # Given a relay that published to both topics (node 3 holds the
-                # only replica of one, the other lives on nodes 1 and 2)
+                # only replica of one, the other lives on nodes 1 and 2), each of
+                # its lane groups to the live one: every producer has its producer
+                # id and the live topic's metadata before node 3 stops answering
                 enqueue(db, stuck_topic, {"warm": True}, key=key, schema=schema)
                 enqueue(db, live, {"n": -1}, key=companion, schema=schema)
-                wait_for(lambda: count(db, schema, "status = 'sent'") == 2, what="warm-up sent")
+                warm = key_of_every_lane(db, LANES)
+                for n, lane_key in enumerate(warm):
+                    enqueue(db, live, {"warm": n}, key=lane_key, schema=schema)
+                wait_for(lambda: count(db, schema, "status = 'sent'") == 2 + len(warm),
+                         what="warm-up sent")  # fmt: skip
                 try:
                     # When node 3 stops, and a row of `key` for its topic is
                     # committed (with a row of another key of the same lane)
@@ -238,7 +252,7 @@ def test_a_stopped_topic_holds_up_only_its_own_keys(cluster: Stack) -> None:
                                             schema=schema))  # fmt: skip
                         enqueue(db, live, {"n": 0}, key=companion, schema=schema)
                     # (the companion in Kafka: the claim holding the stuck row went out)
-                    wait_for(lambda: sum(log_ends(up, live, 2).values()) == 2,
+                    wait_for(lambda: sum(log_ends(up, live, 2).values()) == 2 + len(warm),
                              what="the stuck row's claim sent")  # fmt: skip
                     # and rows of other keys follow, and one more of `key`
                     others = []

@@ -269,6 +269,18 @@ def same_lane_key(db: Conn, key: str, lanes: int, *, prefix: str = "probe") -> s
     return str(row[0])
 
 
+def key_of_every_lane(db: Conn, lanes: int, *, prefix: str = "lane") -> list[str]:
+    """One key per lane (``lanes`` keys, lane 0 first): rows of them reach every lane group."""
+    rows = db.execute(
+        "SELECT DISTINCT ON (lane) c FROM (SELECT %s || n AS c,"
+        " (hashtext(%s || n) & 2147483647) %% %s AS lane FROM generate_series(1, 10000) AS n) AS k"
+        " ORDER BY lane, c",
+        (prefix, prefix, lanes),
+    ).fetchall()
+    assert len(rows) == lanes
+    return [str(row[0]) for row in rows]
+
+
 def outbox_rows(db: Conn, schema: str, where: str = "true") -> list[tuple[Any, ...]]:
     """``(id, key, status, attempts, last_error)`` of the rows, in publishing order."""
     query = sql.SQL(
