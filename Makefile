@@ -9,20 +9,20 @@ STAMP  := $(VENV)/.installed
 # still is, those tests skip, or fail under CI=true.
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: demo test lint typecheck unit integration faults bench dev clean browser
+.PHONY: demo test lint typecheck unit integration faults bench dev clean browser docs docs-serve docs-reference
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,docs]'
 	touch $(STAMP)
 
 ## demo: run examples/lessons end to end on a throwaway local Kafka + PostgreSQL
 demo: $(STAMP)
 	$(BIN)/python -m examples.lessons.demo
 
-## test: lint, type-check, then every test against a real Kafka broker and PostgreSQL
-test: lint typecheck browser
+## test: lint, type-check, build the docs site, then every test against a real Kafka broker and PostgreSQL
+test: lint typecheck docs browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## browser: Debian's chromium for the console's browser tests, installed when missing
@@ -33,6 +33,18 @@ browser:
 		( $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null ) \
 			|| echo "could not install chromium: the browser tests will skip (fail under CI=true)"; \
 	fi
+
+## docs: build the documentation site into site/; --strict fails on a broken link or include
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+## docs-serve: the documentation site at http://127.0.0.1:8000, rebuilt on every change
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+## docs-reference: rewrite docs/reference/ (CLI and configuration) from the code
+docs-reference: $(STAMP)
+	$(BIN)/python -m docs_tools.reference
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -56,4 +68,4 @@ dev: $(STAMP)
 	$(BIN)/kinbox dev
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

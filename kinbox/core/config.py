@@ -83,22 +83,39 @@ class Settings:
     """Everything a worker needs to run; see the module docstring for precedence."""
 
     bootstrap_servers: str = "localhost:9092"
+    """Kafka brokers, ``host:port[,host:port...]``."""
     database_url: str = ""
+    """PostgreSQL URL or conninfo string; its password is masked wherever it is shown."""
     group_id: str = ""
+    """Consumer group, and the scope of deduplication: an event is applied once per group."""
     schema: str = "kinbox"
+    """Schema of the kinbox tables (``processed_events``, the outbox)."""
     id_headers: tuple[str, ...] = DEFAULT_ID_HEADERS
+    """Headers the event id is read from, in order of preference (env: comma-separated)."""
     batch_max_messages: int = 500
+    """Most records one poll returns, 1..100000."""
     batch_max_wait: float = 0.1
+    """Longest wait of one poll for records, seconds."""
     shutdown_timeout: float = 30.0
+    """Seconds every stop ends within: batches in flight, offset commits, closing."""
     max_poll_interval: float = 300.0
+    """Seconds the consumer allows between polls (``-X max.poll.interval.ms`` wins)."""
     session_timeout: float = 45.0
+    """Seconds of silence before the group drops a member (``-X session.timeout.ms`` wins)."""
     pool_size: int = 4
+    """Database connections, and so partition batches in flight at once."""
     retry_initial: float = 0.5
+    """First backoff of a failed batch or an outage, seconds; it doubles, with jitter."""
     retry_max: float = 30.0
+    """Longest backoff, seconds (outages, undeliverable dead letters, failed tries)."""
     max_attempts: int = 5
+    """Handler tries before an event is dead-lettered, 1..1000."""
     missing_id: str = "dead-letter"
+    """A record without a valid event id: ``dead-letter``, ``derive`` or ``fail``."""
     breaker_failures: int = 10
+    """Distinct events failing in a row that open the circuit breaker; 0 turns it off."""
     breaker_pause: float = 30.0
+    """Seconds an open circuit breaker keeps every partition paused."""
     health_port: int = 0
     """Port of ``/livez`` and ``/readyz`` (:mod:`kinbox.ops.health`); 0: no endpoints."""
     live_timeout: float = 0.0
@@ -108,6 +125,7 @@ class Settings:
     metrics_port: int = 0
     """Port of the Prometheus ``/metrics`` endpoint (the ``otel`` extra); 0: none."""
     kafka_overrides: Mapping[str, str] = field(default_factory=dict)
+    """librdkafka properties given with ``-X key=value`` (not read from the environment)."""
 
     def validate(self) -> Settings:
         """Check every setting; return ``self`` so calls chain.
