@@ -13,7 +13,8 @@ PostgreSQL runs with ``wal_level=logical``), for the CDC contender;
 ``KINBOX_TEST_DATABASE_URL`` point it at existing services instead.
 
 Writes ``bench.json``, ``bench.md`` and ``bench.png`` into ``--out``
-(``benchmarks/results`` by default); ``benchmarks/README.md`` quotes them.
+(``benchmarks/results`` by default, replacing the last run's), which
+``docs/benchmarks.md`` shows.
 Nothing here asserts a speed.
 """
 

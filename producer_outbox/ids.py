@@ -6,12 +6,9 @@ Every consumer claims an event by inserting its id into the primary key of
 millions of rows each claim reads a page that is probably not cached, dirties
 it, and — the first change to a page after a checkpoint — writes the whole
 8 KB page to the WAL. Ids that grow with time land on the index's newest
-pages, which stay cached and take many claims per page. Measured with
-``kinbox bench --scenario large`` (10M rows, fsync on): with random ids a
-batch handler's run wrote ~0.8 full-page images per event (~6 KB of WAL)
-and ran at 0.69-0.87x the empty table's rate; with time-ordered ids
-(``--event-ids time-ordered``) 171 images in 18 runs, and 1.02x (per-event
-handler 0.99x). ``benchmarks/README.md`` has the runs.
+pages, which stay cached and take many claims per page
+(``kinbox bench --scenario large --event-ids time-ordered`` measures it;
+``docs/benchmarks.md`` says what random ids cost).
 
 The layout, most significant bits first::
 
