@@ -1,7 +1,7 @@
 """kinbox: exactly-once database effects for Kafka consumers on PostgreSQL.
 
 Register handlers with :func:`handler` (or :meth:`App.handler`), run them with
-``kinbox worker module[:app]``; see the README for the guarantees.
+``kinbox worker module[:app]``; ``docs/concepts.md`` says what is guaranteed.
 
 The packages stand on floors, and an import never runs back up
 (``tests/unit/test_layering.py`` checks it, counting the imports inside

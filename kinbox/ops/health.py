@@ -21,7 +21,7 @@ cleanup batch.
 partitions; the relay: lanes) and the database answers (a fresh connection,
 checked at most every :data:`DB_CHECK_EVERY` seconds). A member with nothing
 assigned is alive but not ready — use it to see that, never to restart it
-(see the README's Kubernetes probes).
+(see the Kubernetes probes in ``docs/operations.md``).
 """
 
 from __future__ import annotations

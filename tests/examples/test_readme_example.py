@@ -1,9 +1,11 @@
-"""The README's example handler, tested with kinbox.testing the way the README tells users to.
+"""The README's example handler, tested with kinbox.testing the way the docs tell users to.
 
 ``examples/lessons/app.py`` is the README's ``lesson_completed`` as a runnable
-service; the last test runs the README's own two snippets (``# app.py`` and
-``# test_app.py``) as a user's project, in a pytest of its own, so the
-"Testing your handlers" section cannot drift from what works.
+service. The README's examples are ``docs_src/getting_started/app.py`` and
+``docs_src/outbox/complete_lesson.py`` line for line (tests/docs runs both);
+the last test runs the first with ``docs_src/testing/test_app.py`` (the docs'
+"Testing your handlers") as a user's project, in a pytest of its own, so
+neither can drift from what works.
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ from examples.lessons.app import TOPIC, app, create_tables
 from kinbox.testing import InboxTestClient, Message, assert_redelivery_safe
 from tests.support.userproject import child_env, run_pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+APP = ROOT / "docs_src/getting_started/app.py"
+TEST_APP = ROOT / "docs_src/testing/test_app.py"
+ENQUEUE = ROOT / "docs_src/outbox/complete_lesson.py"
 
 
 def test_a_completed_lesson_is_applied_once_however_often_it_comes(
@@ -68,17 +74,16 @@ def test_lesson_completed_is_redelivery_safe(kinbox_database_url: str) -> None:
     }
 
 
-def readme_block(first_line: str) -> str:
-    """The README's Python block that starts with ``first_line``."""
+def test_the_readmes_examples_are_the_tested_files_line_for_line() -> None:
     blocks: list[str] = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
-    (found,) = [b for b in blocks if b.startswith(first_line + "\n")]
-    return found
+
+    assert blocks == [APP.read_text(), ENQUEUE.read_text()]
 
 
-def test_the_readmes_testing_snippets_pass_as_a_users_project(
+def test_the_docs_testing_example_passes_as_a_users_project(
     tmp_path: Path, kinbox_database_url: str
 ) -> None:
-    files = {"app.py": readme_block("# app.py"), "test_app.py": readme_block("# test_app.py")}
+    files = {"app.py": APP.read_text(), "test_app.py": TEST_APP.read_text()}
     env = child_env(tmp_path, KINBOX_TEST_DATABASE_URL=kinbox_database_url)
 
     done = run_pytest(tmp_path, files, env)

@@ -2,7 +2,7 @@
 
 The start-up check passed (the worker created the dead-letter topic itself);
 then an operator lowers its ``max.message.bytes`` below any dead letter. The
-policy (README, "A dead letter the broker will not take"): only the poison
+policy (docs/failures.md, "A dead letter the broker will not take"): only the poison
 event's partition waits, exactly at the record whose dead letter was
 refused, with capped backoff and an ERROR naming the dead-letter topic and
 the broker's reason on every try; the other partitions drain. Once the limit

@@ -93,7 +93,7 @@ def test_interleaved_writers_of_one_key_are_published_in_txid_then_seq_order(
 def test_a_transaction_waiting_for_a_row_lock_gets_its_id_only_with_the_lock(
     stack: Stack, schema: str, db: Conn
 ) -> None:
-    """What the README's commit-order advice rests on, checked on this PostgreSQL.
+    """What the docs' commit-order advice (docs/outbox.md) rests on, checked on this PostgreSQL.
 
     SELECT … FOR UPDATE assigns the waiting transaction no id until it holds
     the lock, so writers that lock the aggregate first are published in commit

@@ -31,7 +31,7 @@ def app(spec: ChildSpec, *, batch: bool) -> App:
     """A kinbox app writing one effect row per event (set-based when ``batch``).
 
     The statements are rendered to text once, so a handler executes a plain
-    SQL string as the README's does: the run's schema and table are only
+    SQL string as the docs' example does: the run's schema and table are only
     known here, and a ``psycopg.sql.Composed`` is composed again at every
     ``execute`` (for the per-event handler that was a sixth of the worker's
     CPU, spent on the benchmark's own naming, not on kinbox or the database).
