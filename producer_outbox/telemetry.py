@@ -8,7 +8,7 @@ send (produce to the delivery reports of its key's rows: :mod:`.flight`)
 and says how its row fared (``error.type`` on failure). A row with no stored
 context, or one its producer did not sample, gets no span and its record
 carries the stored context (if any) as it is: a span per row costs the relay
-tens of microseconds (measured: the README's "Tracing and metrics"), which
+tens of microseconds (``docs/operations.md``, "Tracing and metrics"), which
 only a trace someone will look at should pay. With no SDK configured no span
 is made at all.
 

@@ -1,6 +1,6 @@
 """The report: a header of versions, the markdown tables, JSON for machines, a PNG chart.
 
-The headline ratios are the figures issue trackers and READMEs quote; each is
+The headline ratios are the figures the benchmark page quotes; each is
 a ratio of two figures from the *same* run, because on a shared, noisy
 machine absolute rates drift and ratios hold.
 """

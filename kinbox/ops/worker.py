@@ -59,12 +59,10 @@ SWITCH_INTERVAL = 0.001
 A worker's threads mostly wait on sockets: the polling thread on the
 consumer, each batch thread on its PostgreSQL connection. Each wait ends by
 taking the GIL back, and while another thread is running Python that takes
-up to the switch interval. With the default, a full replay spent a third of
-the polling thread's time in ``consume()`` returning (py-spy, ``--idle``)
-while the process used half a core; with 1 ms, in paired runs on 2 cores:
-replay 40-44k -> 50-55k events/s, per-event handlers 9.3-10.8k -> 10.4-11.4k,
-batch handlers 30.9k -> 33.6k. Set only where the process is kinbox's own
-(``kinbox worker``), and only if nobody changed Python's default.
+up to the switch interval: with the default, the polling thread waits on the
+GIL more than on the broker, and a replay on two cores is a fifth slower.
+Set only where the process is kinbox's own (``kinbox worker``), and only if
+nobody changed Python's default.
 """
 
 _PYTHON_DEFAULT_SWITCH = 0.005
@@ -88,8 +86,8 @@ for collections that freed nothing (``gc.callbacks`` in a per-event worker:
 2,400 generation-0, 220 generation-1 and 20 full collections in 60k events,
 1.0-1.4 s of its 6.3-7.3 s of CPU). With 50,000 a collection comes every few
 batches; the garbage the collector exists for (reference cycles) waits a
-little longer, at most some megabytes of it. Paired runs of a per-event
-worker: 9.1-9.5k -> 10.7-11.5k events/s, 15% less CPU.
+little longer, at most some megabytes of it. A per-event worker spends about
+15% less CPU.
 """
 
 _PYTHON_DEFAULT_GC = (700, 10, 10)
