@@ -25,7 +25,7 @@
             ─► after_dead_letter, after_batch hooks
             ─► the caller may now commit offset last + 1 to Kafka
 
-No transaction is open while kinbox waits for the broker (DESIGN invariant
+No transaction is open while kinbox waits for the broker (docs/design.md, invariant
 5). A transaction holds an id from the claim's INSERT on, and an id held
 anywhere on the server holds back ``pg_snapshot_xmin``, the gate of every
 outbox relay's claim; a dead-letter topic whose leader is away would keep a

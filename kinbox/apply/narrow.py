@@ -33,7 +33,7 @@ events before it are committed, and those after it carry on:
 - its **bookkeeping** refused: recorded again with the bare reason code.
 
 Dead letters are sent between transactions, never inside one: no
-transaction may wait on Kafka (DESIGN invariant 5), yet the broker must
+transaction may wait on Kafka (docs/design.md, invariant 5), yet the broker must
 acknowledge a dead letter before a COMMIT records it. A transaction that
 finds dead letters the broker has not acknowledged yet rolls back instead of
 committing (:class:`Unsent`); they are sent and flushed with no transaction

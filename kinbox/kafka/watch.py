@@ -11,7 +11,7 @@ showed that librdkafka 2.16 can lose that reply for good: its group stays in
 while the commit sits in the dead coordinator's queue, re-timed-out every
 ``socket.timeout.ms`` and never sent. The member then stops entirely and says
 nothing — no poll, so no rebalance callback and none of librdkafka's own log
-lines (served by poll too) — which DESIGN invariant 5 forbids.
+lines (served by poll too) — which docs/design.md invariant 5 forbids.
 
 No thread can take back a C call that does not return, so :class:`CallWatch`
 does what invariant 5 asks of an outage instead: a daemon thread sees the
