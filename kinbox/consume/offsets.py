@@ -2,7 +2,7 @@
 
 An offset enters here only after the transaction that applied (or recorded)
 every event below it has committed, so whatever this module commits to Kafka
-is safe (DESIGN invariant 2). Leaving is the other half of the rule: a
+is safe (docs/design.md invariant 2). Leaving is the other half of the rule: a
 partition that is revoked gets one synchronous commit, and a partition that
 is lost gets none — another member owns it already.
 

@@ -5,7 +5,7 @@ start a batch for every partition that has records and no batch in flight
 (:mod:`kinbox.consume.inflight`: each batch on a worker thread, in its own
 database transaction, :mod:`kinbox.apply.batch`), settle the batches that
 ended, and send to Kafka the offsets their transactions covered — never more
-(:mod:`kinbox.consume.offsets`, DESIGN invariant 2).
+(:mod:`kinbox.consume.offsets`, docs/design.md invariant 2).
 
 So partitions are applied side by side, each in offset order, and the
 polling thread never waits for a batch: while one partition's transaction
@@ -94,18 +94,10 @@ SATURATED_WAIT = 0.05
 """The same sleep when every assigned partition already has records waiting.
 
 A record fetched then could only queue behind them: nothing can start
-before a batch ends, and that wakes the loop at once. Polling every
-:data:`BUSY_WAIT` anyway took ~12% of a per-event worker's CPU during a
-backlog (py-spy: the polling thread waking 500 times a second, and taking
-the GIL from the batch threads each time).
-
-While every partition has a whole next batch waiting, the loop does not even
-poll, for up to this long after its last poll (``Runner._stocked``). In a
-full replay each poll spent 2-4 ms waiting to get the GIL back after
-``consume()``, and a batch that ended meanwhile waited for its successor:
-each partition had a batch running half the time, and none ran for a third
-of it. Without those polls a partition was busy 77-83% of the time, and
-paired runs went from 54-57k to 61-68k events/s.
+before a batch ends, and that wakes the loop at once. Polling anyway costs
+CPU and takes the GIL from the batch threads, so while every partition has
+a whole next batch waiting the loop does not poll at all, for up to this
+long after its last poll (``Runner._stocked``).
 """
 
 

@@ -82,12 +82,9 @@ GC_THRESHOLD = (50_000, 20, 10)
 A batch holds its records and events alive until it ends, and records wait
 in the lanes for theirs: thousands of young container objects that outlive
 several of the default's generation-0 collections each, so every batch paid
-for collections that freed nothing (``gc.callbacks`` in a per-event worker:
-2,400 generation-0, 220 generation-1 and 20 full collections in 60k events,
-1.0-1.4 s of its 6.3-7.3 s of CPU). With 50,000 a collection comes every few
+for collections that freed nothing. With 50,000 a collection comes every few
 batches; the garbage the collector exists for (reference cycles) waits a
-little longer, at most some megabytes of it. A per-event worker spends about
-15% less CPU.
+little longer, at most some megabytes of it.
 """
 
 _PYTHON_DEFAULT_GC = (700, 10, 10)

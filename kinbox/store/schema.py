@@ -8,7 +8,7 @@ letters from it). Its primary key ``(consumer, event_id)`` *is* the
 dedup guarantee: the claim ``INSERT ... ON CONFLICT DO NOTHING`` of a second
 delivery conflicts with the first one's row (or waits for the first one's
 transaction, if it is still open) and drops out. Keying on the consumer group
-as well as the id lets several groups share one database (DESIGN invariant 4).
+as well as the id lets several groups share one database (docs/design.md invariant 4).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _create_processed_events(schema: sql.Identifier) -> list[sql.Composed]:
 
 
 def _add_reason(schema: sql.Identifier) -> list[sql.Composed]:
-    # Why an event was dead-lettered or skipped (DESIGN invariant 2: "recorded
+    # Why an event was dead-lettered or skipped (docs/design.md invariant 2: "recorded
     # as dead-lettered/skipped with its reason"); NULL for applied events.
     return [
         sql.SQL("ALTER TABLE {}.processed_events ADD COLUMN IF NOT EXISTS reason text").format(

@@ -1,4 +1,4 @@
-"""Scenarios 10-11: poison events and malformed event ids in the stream (DESIGN invariant 5).
+"""Scenarios 10-11: poison events and malformed event ids (docs/design.md invariant 5).
 
 Bad input never stops a worker silently and is never lost: it ends in the
 dead-letter topic (read back here, ``kinbox.dlq.*`` headers checked), its

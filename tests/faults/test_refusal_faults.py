@@ -1,4 +1,4 @@
-"""Scenario 13: content the database refuses, in real worker processes (DESIGN invariant 5).
+"""Scenario 13: content the database refuses, in real worker processes (docs/design.md invariant 5).
 
 The handler writes values taken from each payload into columns PostgreSQL
 checks (:data:`tests.support.effect_app.VALUES_DDL`). A seeded share of the

@@ -1,6 +1,6 @@
 """While the broker keeps a dead letter waiting, the worker holds no PostgreSQL transaction.
 
-DESIGN invariant 5: nothing kinbox runs holds a transaction id while it
+docs/design.md invariant 5: nothing kinbox runs holds a transaction id while it
 waits on Kafka. One held anywhere on the server holds back
 ``pg_snapshot_xmin``, which every outbox relay's claim filters on, so a
 dead-letter topic whose broker does not answer would stall the relays of

@@ -1,4 +1,4 @@
-"""Content PostgreSQL really refuses, against the real server and broker (DESIGN invariant 5).
+"""Content PostgreSQL really refuses, against the real stack (docs/design.md invariant 5).
 
 One test per kind of refusal, wherever it is raised: an event id the claim
 cannot store, a handler's value too long for its column or over the btree

@@ -3,7 +3,7 @@
 After a scenario's final drain, :func:`check_invariants` measures the outcome
 (effect rows per event, ``processed_events`` statuses, committed offsets,
 dead-letter records, delivery logs) and :func:`assert_invariants` fails with
-specifics if DESIGN.md's invariants 1-3 and 5 do not hold. While the fault
+specifics if docs/design.md's invariants 1-3 and 5 do not hold. While the fault
 happens, :class:`OffsetSampler` checks invariant 2 in the background.
 """
 
@@ -255,7 +255,7 @@ def assert_invariants(
     expect_dead: frozenset[str] = frozenset(),
     dead_letter_copies: int = 1,
 ) -> None:
-    """Fail with specifics if any of DESIGN.md's invariants 1, 2, 3, 5 does not hold.
+    """Fail with specifics if any of docs/design.md's invariants 1, 2, 3, 5 does not hold.
 
     ``expect_dead``: the event ids that must end dead-lettered (and only
     those): each with no effect row and one dead letter on the topic — or up

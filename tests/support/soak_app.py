@@ -35,7 +35,7 @@ checker knows every event's expected verdict from the topic alone:
 ``swallow``
     runs such a statement *without* a savepoint and catches the error, so the
     transaction is aborted; then tries its effect anyway, or returns as if
-    all went well. Either way the try fails (DESIGN invariant 5: a handler's
+    all went well. Either way the try fails (docs/design.md invariant 5: a handler's
     own statement's error, caught or not, is that event's failed try, never
     an outage), so the event is dead-lettered, and the events around it are
     applied.

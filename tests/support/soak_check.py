@@ -12,7 +12,7 @@ applied twice
 per-key order
     per topic and key, the events' first effects in order of application
     (``soak_effects.seq``) must follow the order of their first records on
-    the topic (one key, one partition, so offset order: DESIGN invariant 3);
+    the topic (one key, one partition, so offset order: docs/design.md invariant 3);
 wrong verdict
     an event the handler always refuses (:data:`~tests.support.soak_producer.DEAD`)
     applied, or another one dead-lettered;

@@ -16,7 +16,7 @@ from pathlib import Path
 LOG_CHECKS: dict[str, str] = {
     # The soak never takes the database down: an outage blamed on a statement
     # PostgreSQL refused for its content is a handler's failure misjudged
-    # (DESIGN invariant 5), even where the partition got past it later.
+    # (docs/design.md invariant 5), even where the partition got past it later.
     "a handler's refused statement taken for an outage": (
         r"store failure at .*(PipelineAborted|InFailedSqlTransaction|DivisionByZero"
         r"|InvalidTextRepresentation)"

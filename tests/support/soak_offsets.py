@@ -5,7 +5,7 @@
 since the last reading, the records it passed (a reader tails every
 partition and keeps only the records not yet passed), then which of their
 ids ``processed_events`` holds. A record below a committed offset whose id
-the database does not hold is a violation (DESIGN invariant 2); so is an
+the database does not hold is a violation (docs/design.md invariant 2); so is an
 offset that moves back. The offsets are read *before* the database: both only
 grow, so what the database lacks at the later read it also lacked when the
 offset was seen. Each record is looked up once, when an offset first passes
