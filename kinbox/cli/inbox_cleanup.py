@@ -72,7 +72,7 @@ def cleanup(
     this refuses (exit 8) unless --force.
     """
     from kinbox.kafka.inspect import Inspector
-    from kinbox.kafka.producer import producer_config
+    from kinbox.kafka.producer_config import producer_config
     from kinbox.store.inspect import InboxReader
     from kinbox.store.pruning import count_processed, delete_processed
 

@@ -32,7 +32,7 @@ from kinbox.core.errors import EnvelopeError
 from kinbox.core.letter import PREFIX, header
 from kinbox.core.record import Record
 from kinbox.kafka.inspect import Inspector
-from kinbox.kafka.producer import producer_config
+from kinbox.kafka.producer_config import producer_config
 from kinbox.kafka.reader import read_tail
 from kinbox.store.decisions import Closed, DecidedRecord, DecisionLog
 from kinbox.store.inspect import InboxReader

@@ -37,7 +37,7 @@ from confluent_kafka.cimpl import NewTopic
 from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError, TransportError
 from kinbox.kafka.errors import create_client, translate
-from kinbox.kafka.producer import producer_config
+from kinbox.kafka.producer_config import producer_config
 
 log = logging.getLogger(__name__)
 

@@ -16,29 +16,9 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from kinbox.core.config import Settings
 from kinbox.core.errors import TransportError
 from kinbox.kafka.errors import ClientLog, broken, create_client, describe, is_fatal, translate
+from kinbox.kafka.producer_config import producer_config
 
 log = logging.getLogger(__name__)
-
-
-def producer_config(settings: Settings) -> dict[str, Any]:
-    """Producer configuration: idempotent, ``acks=all``; ``-X`` overrides win.
-
-    Consumer-only ``-X`` keys are left out, so security settings shared by
-    both clients apply to the producer too without warnings.
-    """
-    consumer_only = ("group.", "session.", "heartbeat.", "max.poll.", "auto.", "enable.auto")
-    overrides = {
-        k: v for k, v in settings.kafka_overrides.items() if not k.startswith(consumer_only)
-    }
-    return {
-        "bootstrap.servers": settings.bootstrap_servers,
-        "enable.idempotence": True,
-        "acks": "all",
-        # Bounds flush(): a dead letter not acknowledged by then fails the batch.
-        "message.timeout.ms": 30000,
-        "logger": logging.getLogger("kinbox.kafka"),
-        **overrides,
-    }
 
 
 class _Reports:

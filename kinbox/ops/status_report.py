@@ -17,7 +17,7 @@ from typing import Any
 from kinbox.core.config import Settings
 from kinbox.core.errors import SchemaError
 from kinbox.kafka.inspect import Inspector
-from kinbox.kafka.producer import producer_config
+from kinbox.kafka.producer_config import producer_config
 from kinbox.ops.group_lag import GroupLag, read_lag
 from kinbox.store import migrations
 from kinbox.store.inspect import Counted, InboxReader, TableStats
