@@ -21,7 +21,8 @@ The modules, along the flow of a row:
 ``claim``           the relay's SQL: the next batch in per-key order, marking
 ``flight``          rows sent and not yet settled: the keys they hold back
 ``records``         rows and the Kafka records made of them (no I/O)
-``publisher``       :class:`Publisher`, :class:`KafkaPublisher`: confluent-kafka
+``producer``        the relay's producer settings; it publishes through
+                    :class:`KafkaPublisher` (:mod:`kinbox.kafka`)
 ``batch``           send a batch keeping key order, judge each row
 ``topics``          topics Kafka refuses as a whole: an outage, not the rows'
 ``schedule``        the relay's upkeep as tasks: lane balancing, ``cleanup``
@@ -48,11 +49,12 @@ from kinbox.core.lazy import exports as _exports
 
 if TYPE_CHECKING:
     from kinbox.core.errors import PayloadError
+    from kinbox.core.publisher import Message, Outcome, Publisher
+    from kinbox.kafka.publisher import KafkaPublisher
     from producer_outbox.cleanup import delete_sent
     from producer_outbox.config import RelayConfig
     from producer_outbox.outbox_status import OutboxStatus, read_status
-    from producer_outbox.publisher import KafkaPublisher, Outcome, Publisher
-    from producer_outbox.records import OutboxRow, Record
+    from producer_outbox.records import OutboxRow
     from producer_outbox.relay import Relay
     from producer_outbox.schema import OUTBOX
     from producer_outbox.writer import enqueue, enqueue_async
@@ -60,12 +62,12 @@ if TYPE_CHECKING:
 __all__ = [
     "OUTBOX",
     "KafkaPublisher",
+    "Message",
     "OutboxRow",
     "OutboxStatus",
     "Outcome",
     "PayloadError",
     "Publisher",
-    "Record",
     "Relay",
     "RelayConfig",
     "delete_sent",
@@ -77,13 +79,13 @@ __all__ = [
 # Where each public name lives; __getattr__ imports it from there on first use.
 _SOURCES = {
     "OUTBOX": "producer_outbox.schema",
-    "KafkaPublisher": "producer_outbox.publisher",
+    "KafkaPublisher": "kinbox.kafka.publisher",
+    "Message": "kinbox.core.publisher",
     "OutboxRow": "producer_outbox.records",
     "OutboxStatus": "producer_outbox.outbox_status",
-    "Outcome": "producer_outbox.publisher",
+    "Outcome": "kinbox.core.publisher",
     "PayloadError": "kinbox.core.errors",
-    "Publisher": "producer_outbox.publisher",
-    "Record": "producer_outbox.records",
+    "Publisher": "kinbox.core.publisher",
     "Relay": "producer_outbox.relay",
     "RelayConfig": "producer_outbox.config",
     "delete_sent": "producer_outbox.cleanup",

@@ -12,7 +12,7 @@ earlier row of its key in the claim goes first, and its outcome decides), and
 the rows of its key after it stay for a later claim, once it is settled. A
 retried row whose topic already has a row going alone waits, and its key with
 it (:mod:`.flight`). Within one send, once a row of a key is refused before it
-leaves, the later rows of that key are not sent (:data:`.publisher.HELD`).
+leaves, the later rows of that key are not sent (:data:`kinbox.core.publisher.HELD`).
 
 Verdicts (:func:`judge`), per row:
 
@@ -42,9 +42,9 @@ import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
+from kinbox.core.publisher import Outcome
 from producer_outbox.claim import FailedRow
 from producer_outbox.config import RelayConfig
-from producer_outbox.publisher import Outcome
 from producer_outbox.records import OutboxRow, describe
 
 log = logging.getLogger(__name__)

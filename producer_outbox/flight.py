@@ -33,7 +33,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from producer_outbox.publisher import Outcome, Sending
+from kinbox.core.publisher import Outcome, Sending
 from producer_outbox.records import OutboxRow
 
 _Unit = tuple[str | None, str | None]

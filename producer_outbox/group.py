@@ -8,7 +8,7 @@ each, :mod:`.relay`). Each group is the relay's loop on its own::
           mark the rows whose keys settled since the last step (below)
           claim the next rows, leaving out keys in flight (:mod:`.claim`: a
               read-only transaction, no row lock, no transaction id)
-          send them (:mod:`.batch`, :mod:`.publisher`), and wait a moment for
+          send them (:mod:`.batch`, :mod:`.producer`), and wait a moment for
               their delivery reports (at most ``SETTLE_WAIT``)
           mark every row whose key settled: acked rows sent, failed rows
               retried/parked — one short write transaction — and free its key
@@ -60,6 +60,7 @@ from typing import Any
 import psycopg
 
 from kinbox.core.failpoints import failpoint
+from kinbox.core.publisher import Publisher, Siblings
 from producer_outbox import claim as store
 from producer_outbox import topics
 from producer_outbox.batch import Marks, judge, plan
@@ -67,7 +68,6 @@ from producer_outbox.cleanup import delete_sent
 from producer_outbox.config import RelayConfig
 from producer_outbox.flight import Flight, InFlight, Settled
 from producer_outbox.lane_locks import LaneOwner
-from producer_outbox.publisher import AnyPublisher, Siblings, Streaming, streaming
 from producer_outbox.records import OutboxRow, to_record
 from producer_outbox.schedule import Scheduler
 from producer_outbox.schema import notify_channel
@@ -104,8 +104,7 @@ class LaneGroup:
 
     Args:
         config: the relay's settings.
-        publisher: this group's own publisher (one that cannot stream is
-            used through :func:`~producer_outbox.publisher.streaming`).
+        publisher: this group's own publisher.
         connect: opens a connection (autocommit).
         index: this group's number, 0 .. ``groups - 1``; group 0 registers the
             relay and runs the cleanup.
@@ -121,7 +120,7 @@ class LaneGroup:
     def __init__(
         self,
         config: RelayConfig,
-        publisher: AnyPublisher,
+        publisher: Publisher,
         connect: Callable[[], Connection],
         *,
         index: int = 0,
@@ -133,9 +132,8 @@ class LaneGroup:
     ) -> None:
         self.config = config
         self.index, self.groups = index, groups
-        self._origin = publisher
-        self._publisher = streaming(publisher)
-        self._alone: Streaming | None = None  # the second producer, made when first needed
+        self._publisher = publisher
+        self._alone: Publisher | None = None  # the second producer, made when first needed
         self._connect = connect
         self._stopping = should_stop
         self._shared = shared or Shared(groups)
@@ -283,7 +281,7 @@ class LaneGroup:
         return flights
 
     def _launch(
-        self, rows: list[OutboxRow], publisher: Streaming, *, alone: bool = False
+        self, rows: list[OutboxRow], publisher: Publisher, *, alone: bool = False
     ) -> Flight:
         made = [to_record(row, source=self.config.source) for row in rows]
         # Spans for rows enqueued in a trace; their records carry the spans' context.
@@ -294,12 +292,12 @@ class LaneGroup:
             rows, sending, epoch=self._epoch, started=started, spans=spans, alone=alone
         )
 
-    def _alone_publisher(self) -> Streaming:
+    def _alone_publisher(self) -> Publisher:
         """The second producer, for rows that go alone (the group's own, without siblings)."""
         if self._alone is None:
-            if not isinstance(self._origin, Siblings):
+            if not isinstance(self._publisher, Siblings):
                 return self._publisher
-            self._alone = streaming(self._origin.sibling())
+            self._alone = self._publisher.sibling()
         return self._alone
 
     def _serve(self, timeout: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
+from kinbox.core.publisher import Message
 from producer_outbox.trace_context import headers as trace_headers
 
 #: CloudEvents spec version announced in ``ce_specversion``.
@@ -35,15 +36,6 @@ class OutboxRow(NamedTuple):
     """The lane the claim found it in (:mod:`producer_outbox.lane_locks`)."""
 
 
-class Record(NamedTuple):
-    """What the publisher sends: one Kafka record (immutable)."""
-
-    topic: str
-    key: bytes | None
-    value: bytes
-    headers: list[tuple[str, bytes]]
-
-
 _new_tuple = tuple.__new__
 """Builds a named tuple from a tuple of every field, without its generated ``__new__``."""
 
@@ -67,7 +59,7 @@ def row_from_db(values: tuple[Any, ...]) -> OutboxRow:
     ))  # fmt: skip
 
 
-def to_record(row: OutboxRow, *, source: str | None = None) -> Record:
+def to_record(row: OutboxRow, *, source: str | None = None) -> Message:
     """Build the Kafka record of ``row``: key = partition key, headers = event id + stored.
 
     ``ce_*`` headers are set when the row has an event type (CloudEvents needs
@@ -77,7 +69,7 @@ def to_record(row: OutboxRow, *, source: str | None = None) -> Record:
     :mod:`producer_outbox.telemetry`).
     """
     event_id = row.id.encode()
-    headers: list[tuple[str, bytes]] = [("event-id", event_id)]
+    headers: list[tuple[str, bytes | None]] = [("event-id", event_id)]
     if row.event_type is not None:
         headers += [
             ("ce_id", event_id),
@@ -90,7 +82,7 @@ def to_record(row: OutboxRow, *, source: str | None = None) -> Record:
     if row.headers:
         headers += [(name, value.encode()) for name, value in row.headers.items()]
     key = row.key
-    return _new_tuple(Record, (
+    return _new_tuple(Message, (
         row.topic, None if key is None else key.encode(), row.value, headers,
     ))  # fmt: skip
 

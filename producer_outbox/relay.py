@@ -95,9 +95,9 @@ from collections.abc import Callable
 
 import psycopg
 
+from kinbox.core.publisher import Publisher, Siblings
 from producer_outbox.config import RelayConfig
 from producer_outbox.group import Connection, LaneGroup
-from producer_outbox.publisher import AnyPublisher, Siblings
 from producer_outbox.sent_retention import TopicRetention
 from producer_outbox.shared import RelayObserver, Shared
 from producer_outbox.telemetry import RelayTelemetry
@@ -111,17 +111,16 @@ class Relay:
     """Publishes one schema's outbox; :meth:`run` until :meth:`stop`.
 
     ``publisher`` publishes for the first lane group; the others get a
-    sibling each (:meth:`KafkaPublisher.sibling`), closed when :meth:`run`
-    returns (as is each group's second producer, for the rows that go
-    alone). A publisher without siblings (a test's fake) runs one group,
-    and one that only publishes and waits (:class:`.Publisher` without
-    :class:`.Streaming`) is sent one batch at a time.
+    sibling each (:class:`~kinbox.core.publisher.Siblings`), closed when
+    :meth:`run` returns (as is each group's second producer, for the rows
+    that go alone). A publisher without siblings (a test's fake) runs one
+    group.
     """
 
     def __init__(
         self,
         config: RelayConfig,
-        publisher: AnyPublisher,
+        publisher: Publisher,
         *,
         connect: Callable[[], Connection] | None = None,
         observer: RelayObserver | None = None,

@@ -45,10 +45,10 @@ from kinbox.core.otel.instruments import (
     tracing_on,
 )
 from kinbox.core.otel.propagation import as_parent, formatted, parse
+from kinbox.core.publisher import Message, Outcome
 from producer_outbox import trace_context
 from producer_outbox.outbox_status import Backlog, read_backlog
-from producer_outbox.publisher import Outcome
-from producer_outbox.records import OutboxRow, Record
+from producer_outbox.records import OutboxRow
 from producer_outbox.topics import FailingTopic, read_failing
 
 _KAFKA_ERROR = re.compile(r"_?[A-Z][A-Z0-9_]*(?=: )")
@@ -90,8 +90,8 @@ class RelayTelemetry:
             )
 
     def start(
-        self, rows: Sequence[OutboxRow], records: Sequence[Record]
-    ) -> tuple[Sequence[Record], dict[int, trace.Span]]:
+        self, rows: Sequence[OutboxRow], records: Sequence[Message]
+    ) -> tuple[Sequence[Message], dict[int, trace.Span]]:
         """Open the rows' ``send`` spans; return the records to send and the spans by index.
 
         A record whose row got a span carries the span's context instead of the
@@ -219,11 +219,11 @@ def _reading(spec: sc.Instrument) -> Callable[[RelayTelemetry], list[Observation
     return read
 
 
-def _carrying(record: Record, span: trace.Span) -> Record:
+def _carrying(record: Message, span: trace.Span) -> Message:
     """``record`` with the trace headers of ``span`` instead of the stored ones."""
     kept = [(n, v) for n, v in record.headers if n not in trace_context.COLUMNS]
     carried = trace_context.headers(*formatted(span.get_span_context()))
-    return Record(record.topic, record.key, record.value, kept + carried)
+    return Message(record.topic, record.key, record.value, [*kept, *carried])
 
 
 def _error_type(outcome: Outcome) -> str:

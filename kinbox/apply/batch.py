@@ -17,7 +17,7 @@
                record the dead letters in processed_events (status, reason)
                if the broker has not acknowledged them all yet: run the
                    deferred checks now (SET CONSTRAINTS ALL IMMEDIATE), then
-                   ROLLBACK ─► flush them, no transaction open: every one
+                   ROLLBACK ─► deliver them, no transaction open: every one
                    acknowledged by the broker ─► failpoint after_dead_letter_ack
                    ─► BEGIN again: the same batch, their verdicts fixed
                failpoint before_db_commit
@@ -29,9 +29,9 @@ No transaction is open while kinbox waits for the broker (docs/design.md, invari
 5). A transaction holds an id from the claim's INSERT on, and an id held
 anywhere on the server holds back ``pg_snapshot_xmin``, the gate of every
 outbox relay's claim; a dead-letter topic whose leader is away would keep a
-flush waiting for the producer's whole message timeout, try after try. So
+delivery waiting for the producer's whole message timeout, try after try. So
 dead letters never go out inside the transaction that finds them: it is
-rolled back, they are flushed, and the batch is applied again in a new
+rolled back, they are delivered, and the batch is applied again in a new
 transaction in which the dead-lettered events' handlers do not run (their
 verdicts are fixed) and whose COMMIT records them (:mod:`kinbox.apply.narrow`).
 That is the price of a dead letter: its batch is applied once more, the
@@ -40,7 +40,7 @@ transaction went with it). A batch without one is untouched: one
 transaction, and not a round trip more. The redo meets a failure of its
 own (a handler that fails only now) as any pass does; dead letters beyond
 the event it stops at went out but are not recorded, and go out again when
-the partition gets there. So does a crash between the flush and the second
+the partition gets there. So does a crash between the delivery and the second
 COMMIT: the dead letters stay on their topic, the database has nothing of
 the batch, the redelivered batch sends them again (dead letters are
 at-least-once), and nothing is applied twice. What runs inside a
@@ -101,7 +101,7 @@ from kinbox.core.failpoints import failpoint
 from kinbox.core.inbox import InboxStore, InboxTransaction
 from kinbox.core.letter import INVALID_ID, Letter, is_replay
 from kinbox.core.outcome import BatchResult, Failure, Step
-from kinbox.core.publisher import Publisher
+from kinbox.core.publisher import Message, Publisher, Sending, deliver
 from kinbox.core.record import Record
 from kinbox.core.transport import ValueReader
 from kinbox.middleware.base import Chain, Middleware
@@ -112,11 +112,11 @@ log = logging.getLogger(__name__)
 class _NoPublisher:
     """Stands in when no dead-letter publisher is wired: a dead letter fails the batch."""
 
-    def send(self, topic: str, key: object, value: object, headers: object) -> None:
+    def send(self, messages: Sequence[Message]) -> Sending:
         raise TransportError("no dead-letter publisher configured", retriable=False)
 
-    def flush(self) -> None:
-        """Nothing is ever queued."""
+    def serve(self, timeout: float) -> None:
+        """Nothing is ever in flight."""
 
     def close(self) -> None:
         """Nothing to release."""
@@ -179,8 +179,8 @@ class BatchProcessor:
         self._missing_id = missing_id
         self._limits = dict(dead_letter_limits or {})
         # Batches of different partitions run on different threads; their
-        # dead letters share one producer, whose flush() answers for all it
-        # holds. One batch at a time sends and flushes, so each flush is its own.
+        # dead letters share one publisher, which is not thread-safe: one
+        # batch at a time sends and waits for the acknowledgements.
         self._sending = threading.Lock()
 
     def process(
@@ -420,9 +420,10 @@ class BatchProcessor:
         """
         try:
             with self._sending:
-                for letter in letters:
-                    deadletter.send(self._publisher, letter, self._limits.get(letter.target))
-                self._publisher.flush()
+                deliver(
+                    self._publisher,
+                    (deadletter.message(x, self._limits.get(x.target)) for x in letters),
+                )
         except TransportError as exc:
             raise Undeliverable(letters[0], exc) from exc
         failpoint("after_dead_letter_ack")

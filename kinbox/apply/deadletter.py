@@ -1,7 +1,8 @@
-"""Dead letters sent (:func:`send`) and replayed (:func:`replay`): kinbox publishing a letter.
+"""Dead letters sent (:func:`message`) and replayed (:func:`replay`): kinbox publishing a letter.
 
-:func:`send` queues one on the dead-letter publisher, with its ``kinbox.dlq.*``
-headers (:mod:`kinbox.core.letter`), inside the batch's transaction;
+:func:`message` is the record of one, with its ``kinbox.dlq.*`` headers
+(:mod:`kinbox.core.letter`), that the batch processor delivers before it
+records the letter;
 :func:`replay` re-publishes dead letters to their original topics for
 ``kinbox dlq replay`` (and the console), marked as replays.
 """
@@ -9,24 +10,24 @@ headers (:mod:`kinbox.core.letter`), inside the batch's transaction;
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from kinbox.core.letter import PREFIX, Letter, header, headers, replay_headers
-from kinbox.core.publisher import Publisher
+from kinbox.core.publisher import Message, Publisher, deliver
 from kinbox.core.record import Record
 
 log = logging.getLogger(__name__)
 
 
-def send(publisher: Publisher, letter: Letter, max_bytes: int | None = None) -> None:
-    """Queue ``letter`` on ``publisher``; the caller flushes before the COMMIT that records it.
+def message(letter: Letter, max_bytes: int | None = None) -> Message:
+    """The record that dead-letters ``letter`` (logged as it is made).
 
-    The caller has no transaction open meanwhile (see :mod:`kinbox.apply.batch`).
+    The caller delivers it before the COMMIT that records the letter, with
+    no transaction open meanwhile (see :mod:`kinbox.apply.batch`).
 
     Raises:
-        TransportError: the record cannot fit ``max_bytes`` (see :func:`headers`),
-            or the client refused it at once.
+        TransportError: the record cannot fit ``max_bytes`` (see :func:`headers`).
     """
     r = letter.record
     log.error(
@@ -37,7 +38,7 @@ def send(publisher: Publisher, letter: Letter, max_bytes: int | None = None) -> 
             "group": letter.consumer, "dlq_topic": letter.target, "reason": letter.reason,
         },
     )  # fmt: skip
-    publisher.send(letter.target, r.key, r.value, headers(letter, max_bytes=max_bytes))
+    return Message(letter.target, r.key, r.value, headers(letter, max_bytes=max_bytes))
 
 
 @dataclass
@@ -60,13 +61,25 @@ def replay(
     """Re-publish dead letters to their original topics; ``publisher=None`` is a dry run.
 
     Records without a ``kinbox.dlq.topic`` header are not dead letters and are
-    skipped. The publisher is flushed at the end, so on return every replayed
-    record is acknowledged.
+    skipped. On return every replayed record is acknowledged.
 
     Raises:
         TransportError: a record could not be published (some may have been).
     """
     report = ReplayReport(lines=[])
+    replays = _replays(records, report, filter_reason, limit)
+    if publisher is None:
+        for _ in replays:
+            pass
+    else:
+        deliver(publisher, replays)
+    return report
+
+
+def _replays(
+    records: Iterable[Record], report: ReplayReport, filter_reason: str | None, limit: int | None
+) -> Iterator[Message]:
+    """The replay of each dead letter ``records`` hold, noted in ``report`` as it is made."""
     for record in records:
         report.read += 1
         origin = header(record, PREFIX + "topic")
@@ -83,8 +96,4 @@ def replay(
             f"(from {origin}[{header(record, PREFIX + 'partition')}]"
             f"@{header(record, PREFIX + 'offset')}, reason {reason!r})"
         )
-        if publisher is not None:
-            publisher.send(origin, record.key, record.value, replay_headers(record))
-    if publisher is not None:
-        publisher.flush()
-    return report
+        yield Message(origin, record.key, record.value, replay_headers(record))

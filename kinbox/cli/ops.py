@@ -43,7 +43,7 @@ def replay(
     ignores it, and replaying the same dead letter again applies nothing more.
     Fix the handler (or the data) and deploy it before replaying.
     """
-    from kinbox.kafka import KafkaPublisher, read_topic
+    from kinbox.kafka import dead_letter_publisher, read_topic
 
     flags: dict[str, Any] = {
         "bootstrap_servers": bootstrap_servers,
@@ -53,7 +53,7 @@ def replay(
     guard(lambda: topic_name(topic, setting="--topic"))
 
     def run() -> deadletter.ReplayReport:
-        publisher = None if dry_run else KafkaPublisher(settings)
+        publisher = None if dry_run else dead_letter_publisher(settings)
         try:
             return deadletter.replay(
                 read_topic(settings, topic), publisher, filter_reason=filter_reason, limit=limit

@@ -13,7 +13,7 @@ import click
 from kinbox.cli.outbox_support import connect, database_option, kafka_options, parse_overrides
 from kinbox.ops import relay_process
 from producer_outbox.config import RelayConfig
-from producer_outbox.publisher import producer_config
+from producer_outbox.producer import producer_config
 
 
 @click.command()

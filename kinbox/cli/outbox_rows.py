@@ -21,7 +21,7 @@ from kinbox.core.errors import ConfigurationError, TransportError
 from producer_outbox.cleanup import delete_older, delete_sent
 from producer_outbox.outbox_status import OutboxStatus, read_status
 from producer_outbox.parked import requeue as requeue_rows
-from producer_outbox.publisher import producer_config
+from producer_outbox.producer import producer_config
 from producer_outbox.sent_retention import Floor, broker_retention, floor
 from producer_outbox.slots import DEFAULT_WARN_BYTES, read_slots
 

@@ -19,7 +19,7 @@ import uvicorn
 from kinbox.console.app import create_app
 from kinbox.console.settings import ConsoleSettings
 from kinbox.console.state import Console
-from kinbox.kafka.producer import KafkaPublisher
+from kinbox.kafka.publisher import dead_letter_publisher
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def serve(settings: ConsoleSettings, *, token_generated: bool) -> None:
             "the console listens on %s, reachable from other machines: it is plain HTTP, "
             "so put it behind a TLS proxy", settings.host,
         )  # fmt: skip
-    console = Console(settings, KafkaPublisher)
+    console = Console(settings, dead_letter_publisher)
     config = uvicorn.Config(
         create_app(console), log_config=None, access_log=False, server_header=False,
         lifespan="on", timeout_graceful_shutdown=5,

@@ -3,9 +3,11 @@
 =================  ==========================================================
 ``consumer``       :class:`KafkaTransport`, the group member's consumer
                    (the :class:`~kinbox.core.transport.Transport` seam)
-``producer``       :class:`KafkaPublisher`: dead letters and replays,
-                   acknowledged before they count (the
-                   :class:`~kinbox.core.publisher.Publisher` seam)
+``publisher``      :class:`KafkaPublisher`, the one producer: dead letters,
+                   replays and the outbox relay (the
+                   :class:`~kinbox.core.publisher.Publisher` seam);
+                   ``producer_config``, ``deliveries`` (what a report
+                   says), ``topic_checks`` (a topic asked about first)
 ``reader``         :func:`read_topic`: a topic from its start, for replay
 ``admin``          :func:`~kinbox.kafka.admin.check_dead_letter_topics`:
                    dead-letter topics exist and take writes, before the start
@@ -25,18 +27,20 @@ from kinbox.core.lazy import exports as _exports
 
 if TYPE_CHECKING:
     from kinbox.kafka.consumer import KafkaTransport
-    from kinbox.kafka.producer import KafkaPublisher
+    from kinbox.kafka.publisher import KafkaPublisher, dead_letter_publisher
     from kinbox.kafka.reader import read_topic
 
 __all__ = [
     "KafkaPublisher",
     "KafkaTransport",
+    "dead_letter_publisher",
     "read_topic",
 ]
 
 _SOURCES = {
-    "KafkaPublisher": "kinbox.kafka.producer",
+    "KafkaPublisher": "kinbox.kafka.publisher",
     "KafkaTransport": "kinbox.kafka.consumer",
+    "dead_letter_publisher": "kinbox.kafka.publisher",
     "read_topic": "kinbox.kafka.reader",
 }
 

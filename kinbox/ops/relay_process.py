@@ -21,7 +21,7 @@ from kinbox.ops.health import Health, HealthServer
 from kinbox.ops.logs import configure as configure_logs
 from kinbox.store.probe import ping
 from producer_outbox.config import RelayConfig
-from producer_outbox.publisher import KafkaPublisher
+from producer_outbox.producer import relay_publisher
 from producer_outbox.relay import Relay
 from producer_outbox.sent_retention import broker_retention
 
@@ -55,7 +55,7 @@ def run(
         health_port: serve ``/livez`` and ``/readyz`` here (0: off).
         live_timeout: seconds without a turn of the loop before ``/livez`` fails.
     """
-    publisher = KafkaPublisher(kafka_config)
+    publisher = relay_publisher(kafka_config)
     health = Health(live_timeout, "lanes", database=lambda: ping(config.database_url))
     server = HealthServer(health, health_port).start() if health_port else None
     runner = Relay(

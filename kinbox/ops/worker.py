@@ -38,7 +38,7 @@ from kinbox.core.lag import LagBoard
 from kinbox.core.otel.instruments import metrics_on
 from kinbox.core.otel.setup import configure as configure_telemetry
 from kinbox.core.transport import Transport
-from kinbox.kafka import KafkaPublisher, KafkaTransport
+from kinbox.kafka import KafkaPublisher, KafkaTransport, dead_letter_publisher
 from kinbox.kafka.admin import check_dead_letter_topics
 from kinbox.ops import last_resort, stamps
 from kinbox.ops.exits import EXIT_CRASH, EXIT_FATAL, EXIT_INTERRUPTED, worker_status
@@ -200,7 +200,9 @@ def run(app: App, settings: Settings) -> None:
             name: topic.max_bytes
             for name, topic in check_dead_letter_topics(settings, targets).items()
         }
-        publisher = KafkaPublisher(settings, max_record_bytes=max(limits.values(), default=None))
+        publisher = dead_letter_publisher(
+            settings, max_record_bytes=max(limits.values(), default=None)
+        )
         store.open()
     except BaseException:
         store.close()

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kinbox.core.errors import TransportError
+from kinbox.core.publisher import ACKED, Message, Outcome, Sending
 from kinbox.core.record import Record
+
+_UNREACHABLE = Outcome("broker unreachable", outage=True)
 
 
 class FakePublisher:
-    """A producer whose broker acknowledges everything sent at each :meth:`flush`.
+    """A producer whose broker acknowledges everything sent at each :meth:`serve`.
 
-    State, readable by tests: :attr:`queued` (sent, not flushed yet),
+    State, readable by tests: :attr:`queued` (sent, not served yet),
     :attr:`acked` (acknowledged, in order), :attr:`closed`.
 
-    Knob: ``fail_flushes``, how many next flushes fail with a retriable
-    :class:`~kinbox.core.errors.TransportError` (the broker unreachable); what
-    they held is dropped, as the real publisher counts none of it delivered.
+    Knob: ``fail_flushes``, how many next serves fail every message in
+    flight as an outage (the broker unreachable): the caller counts none of
+    it delivered (:func:`~kinbox.core.publisher.deliver` raises a retriable
+    :class:`~kinbox.core.errors.TransportError`), and it is dropped.
 
     Unlike a real producer it refuses nothing at :meth:`send` (a real one
     refuses a record over its ``message.max.bytes`` at once), and a record's
-    offset is its index in the batch it was sent in, partition 0.
+    offset is its index among those queued, partition 0.
     """
 
     def __init__(self) -> None:
@@ -28,24 +31,29 @@ class FakePublisher:
         self.acked: list[Record] = []
         self.fail_flushes = 0
         self.closed = False
+        self._sendings: list[Sending] = []
 
-    def send(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Sequence[tuple[str, bytes | None]],
-    ) -> None:
+    def send(self, messages: Sequence[Message]) -> Sending:
         """See :meth:`~kinbox.core.publisher.Publisher.send`."""
-        self.queued.append(Record(topic, 0, len(self.queued), key, value, list(headers)))
+        for topic, key, value, headers in messages:
+            self.queued.append(Record(topic, 0, len(self.queued), key, value, list(headers)))
+        sending = Sending(len(messages))
+        self._sendings.append(sending)
+        return sending
 
-    def flush(self) -> None:
-        """See :meth:`~kinbox.core.publisher.Publisher.flush`; ``fail_flushes`` applies."""
+    def serve(self, timeout: float) -> None:
+        """See :meth:`~kinbox.core.publisher.Publisher.serve`; ``fail_flushes`` applies."""
         queued, self.queued = self.queued, []
-        if self.fail_flushes:
+        sendings, self._sendings = self._sendings, []
+        outcome = ACKED
+        if self.fail_flushes and sendings:
             self.fail_flushes -= 1
-            raise TransportError("broker unreachable", retriable=True)
-        self.acked.extend(queued)
+            outcome = _UNREACHABLE
+        else:
+            self.acked.extend(queued)
+        for sending in sendings:
+            for index in range(len(sending.outcomes)):
+                sending.settle(index, outcome)
 
     def close(self) -> None:
         """See :meth:`~kinbox.core.publisher.Publisher.close`."""

@@ -56,13 +56,15 @@ def consumer(request: pytest.FixtureRequest) -> Iterator[TransportSide]:
         yield side
 
 
-@pytest.fixture(params=["fake", pytest.param("kafka", marks=REAL)])
+@pytest.fixture(
+    params=["fake", pytest.param("kafka", marks=REAL), pytest.param("kafka-relay", marks=REAL)]
+)
 def producer(request: pytest.FixtureRequest) -> Iterator[PublisherSide]:
-    """A publisher side, fake or a real producer on the test broker."""
+    """A publisher side: fake, or the real one on the test broker (dead letters', the relay's)."""
     if request.param == "fake":
         yield FakePublisherSide()
         return
     stack: Stack = request.getfixturevalue("stack")
-    side = KafkaPublisherSide(stack.bootstrap_servers)
+    side = KafkaPublisherSide(stack.bootstrap_servers, relay=request.param == "kafka-relay")
     yield side
     side.publisher.close()

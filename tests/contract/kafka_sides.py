@@ -4,7 +4,7 @@ A :class:`TransportSide` makes topics, writes records into them as a producer
 would, creates the transport (the group member) and reads the group's
 committed offsets back — from the broker for the real one, from the fake's
 state for the fake. A :class:`PublisherSide` reads back what reached a topic
-and sends a record that makes the next flush fail.
+and makes a message the broker will not take.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from typing import Protocol
 from confluent_kafka import Producer
 
 from kinbox.core.config import Settings
-from kinbox.core.publisher import Publisher
+from kinbox.core.publisher import Message, Publisher
 from kinbox.core.record import Record
 from kinbox.core.transport import Transport
 from kinbox.kafka.consumer import KafkaTransport
-from kinbox.kafka.producer import KafkaPublisher
+from kinbox.kafka.publisher import dead_letter_publisher
 from kinbox.testing import FakePublisher, FakeTransport
+from producer_outbox.producer import producer_config, relay_publisher
 from tests.support.records import committed, read_topic
 from tests.support.topics import create_topic
 
@@ -134,8 +135,8 @@ class PublisherSide(Protocol):
     def read(self, topic: str) -> list[Sent]:
         """What reached ``topic``, in order."""
 
-    def send_doomed(self, topic: str) -> None:
-        """Send a record the broker will not take: the next flush fails."""
+    def doomed(self, topic: str) -> Message:
+        """A message the broker will not take: the delivery holding it fails."""
 
 
 class FakePublisherSide:
@@ -153,20 +154,28 @@ class FakePublisherSide:
     def read(self, topic: str) -> list[Sent]:
         return [(r.key, r.value, list(r.headers)) for r in self.fake.acked if r.topic == topic]
 
-    def send_doomed(self, topic: str) -> None:
+    def doomed(self, topic: str) -> Message:
         self.fake.fail_flushes += 1
-        self.fake.send(topic, None, b"doomed", [])
+        return Message(topic, None, b"doomed", [])
 
 
 class KafkaPublisherSide:
-    """:class:`KafkaPublisher` on the test broker; topics take records up to 1,000 bytes."""
+    """:class:`KafkaPublisher` on the test broker; topics take records up to 1,000 bytes.
 
-    name = "kafka"
+    ``relay``: configured as the outbox relay's (topics asked about first),
+    else as the dead-letter producer.
+    """
+
     LIMIT = 1000
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, *, relay: bool = False) -> None:
         self._bootstrap = bootstrap
-        self.publisher: Publisher = KafkaPublisher(Settings(bootstrap_servers=bootstrap))
+        self.name = "kafka-relay" if relay else "kafka"
+        self.publisher: Publisher = (
+            relay_publisher(producer_config(bootstrap, {}))
+            if relay
+            else dead_letter_publisher(Settings(bootstrap_servers=bootstrap))
+        )
 
     def topic(self) -> str:
         return create_topic(
@@ -176,7 +185,7 @@ class KafkaPublisherSide:
     def read(self, topic: str) -> list[Sent]:
         return [(r.key, r.value, list(r.headers)) for r in read_topic(self._bootstrap, topic)]
 
-    def send_doomed(self, topic: str) -> None:
+    def doomed(self, topic: str) -> Message:
         # Under the client's own limit (1,000,000 bytes), over the topic's: the
         # client takes it and the broker refuses it (MESSAGE_TOO_LARGE).
-        self.publisher.send(topic, None, b"doomed" + b"x" * 10 * self.LIMIT, [])
+        return Message(topic, None, b"doomed" + b"x" * 10 * self.LIMIT, [])

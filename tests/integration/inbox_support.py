@@ -18,7 +18,7 @@ from psycopg import sql
 from kinbox.app import App
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
-from kinbox.kafka import KafkaPublisher, KafkaTransport
+from kinbox.kafka import KafkaTransport, dead_letter_publisher
 from kinbox.store.awaiting import MixedInboxStore
 from tests.integration.inbox_app import make_app
 from tests.support.database import Conn
@@ -96,7 +96,7 @@ def running(app: App, config: Settings, *, dead_letters: bool = False) -> Iterat
     """
     store = MixedInboxStore(config.database_url, schema=config.schema, consumer=config.group_id)
     store.open()
-    publisher = KafkaPublisher(config) if dead_letters else None
+    publisher = dead_letter_publisher(config) if dead_letters else None
     runner = Runner(app, config, KafkaTransport(config), store, publisher=publisher)
     errors: list[BaseException] = []
 

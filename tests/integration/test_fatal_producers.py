@@ -24,11 +24,10 @@ from psycopg import sql
 
 from kinbox.core.config import Settings
 from kinbox.core.errors import TransportError
+from kinbox.core.publisher import Message, deliver
 from kinbox.devstack.stack import Stack
-from kinbox.kafka import KafkaPublisher as DeadLetterPublisher
-from kinbox.kafka import read_topic
-from producer_outbox.publisher import KafkaPublisher as RelayPublisher
-from producer_outbox.publisher import producer_config
+from kinbox.kafka import dead_letter_publisher, read_topic
+from producer_outbox.producer import producer_config, relay_publisher
 from producer_outbox.relay import Relay
 from producer_outbox.writer import enqueue
 from tests.conftest import MakeTopic
@@ -55,24 +54,25 @@ def raise_limit(stack: Stack, topic: str) -> None:
 
 
 def test_dead_letter_publisher_replaces_the_producer_that_went_fatal(
-    stack: Stack, make_topic: MakeTopic
+    stack: Stack, make_topic: MakeTopic, caplog: pytest.LogCaptureFixture
 ) -> None:
     small = small_topic(stack, f"small-{uuid.uuid4().hex[:10]}")
     fine = make_topic(partitions=1)
     config = Settings(bootstrap_servers=stack.bootstrap_servers, kafka_overrides=GAPLESS)
-    publisher = DeadLetterPublisher(config)
+    publisher = dead_letter_publisher(config)
     try:
         # When the broker refuses a record and the producer goes fatal over it
-        publisher.send(small, None, b"x" * (3 * LIMIT), [])
-        with pytest.raises(TransportError) as failed:
-            publisher.flush()
-        # Then the flush fails as something to retry, and the producer is new
-        assert failed.value.retriable and "failed fatally" in str(failed.value), failed.value
-        assert "GAPLESS" in str(failed.value)
+        with (
+            caplog.at_level(logging.ERROR, logger="kinbox.kafka.publisher"),
+            pytest.raises(TransportError) as failed,
+        ):
+            deliver(publisher, [Message(small, None, b"x" * (3 * LIMIT), [])])
+        # Then the delivery fails as something to retry, and the producer is new
+        assert failed.value.retriable, failed.value
+        assert "dead-letter producer failed fatally" in caplog.text and "GAPLESS" in caplog.text
         assert publisher.replaced == 1
         # And the new producer publishes (the old one refuses everything with _FATAL)
-        publisher.send(fine, b"k", b"after", [("event-id", b"e1")])
-        publisher.flush()
+        deliver(publisher, [Message(fine, b"k", b"after", [("event-id", b"e1")])])
     finally:
         publisher.close()
     [record] = list(read_topic(config, fine, timeout=5))
@@ -95,7 +95,7 @@ def test_worker_rolls_back_a_dead_letter_lost_to_a_fatal_producer_and_delivers_i
     _produce(stack, topic, [("e1", b"{}"), ("poison", b"x" * (3 * LIMIT)), ("e2", b"{}")])
 
     with (
-        caplog.at_level(logging.ERROR, logger="kinbox.kafka.producer"),
+        caplog.at_level(logging.ERROR, logger="kinbox.kafka.publisher"),
         running(app, config),
     ):
         # When each try's dead letter makes the producer fatal
@@ -167,7 +167,7 @@ def test_relay_replaces_a_fatal_producer_and_parks_no_good_row(
         for n in range(30):
             with conn.transaction():
                 enqueue(conn, fine, {"n": n}, key=f"k{n % 5}", schema=schema)
-    publisher = RelayPublisher(producer_config(stack.bootstrap_servers, GAPLESS))
+    publisher = relay_publisher(producer_config(stack.bootstrap_servers, GAPLESS))
     config = relay_config(
         stack, schema, lanes=1, max_attempts=2, backoff_base=0.05, backoff_max=0.2
     )

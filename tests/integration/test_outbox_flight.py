@@ -19,11 +19,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from kinbox.core.publisher import Message, Outcome, Sending
 from kinbox.devstack.stack import Stack
+from kinbox.kafka.publisher import KafkaPublisher
 from producer_outbox.claim import claim
 from producer_outbox.lane_locks import lane_key
-from producer_outbox.publisher import KafkaPublisher, Outcome, Sending, producer_config
-from producer_outbox.records import Record
+from producer_outbox.producer import producer_config, relay_publisher
 from producer_outbox.relay import Relay
 from producer_outbox.writer import enqueue
 from tests.conftest import MakeTopic
@@ -51,12 +52,12 @@ class Holding:
     def __init__(self, inner: KafkaPublisher, keys: set[str]) -> None:
         self.inner = inner
         self.keys = {key.encode() for key in keys}
-        self.held: list[tuple[Sending, int, Record]] = []
+        self.held: list[tuple[Sending, int, Message]] = []
         # (the inner sending, the relay's, the relay's index of each inner record)
         self._copies: list[tuple[Sending, Sending, list[int]]] = []
         self._lock = threading.Lock()  # the relay's thread sends, the test releases
 
-    def send(self, records: Sequence[Record]) -> Sending:
+    def send(self, records: Sequence[Message]) -> Sending:
         outer = Sending(len(records))
         with self._lock:
             going = [i for i, r in enumerate(records) if r.key not in self.keys]
@@ -92,7 +93,7 @@ class Holding:
     def close(self) -> None:
         self.inner.close()
 
-    def _forward(self, outer: Sending, records: list[Record], indexes: list[int]) -> None:
+    def _forward(self, outer: Sending, records: list[Message], indexes: list[int]) -> None:
         self._copies.append((self.inner.send(records), outer, indexes))
 
 
@@ -109,7 +110,7 @@ def _relay(
     stack: Stack, schema: str, keys: set[str], connect: Connect | None = None, **config: Any
 ) -> Iterator[Holding]:
     """A relay (in a thread) publishing through a :class:`Holding` of ``keys``."""
-    publisher = Holding(KafkaPublisher(producer_config(stack.bootstrap_servers, {})), keys)
+    publisher = Holding(relay_publisher(producer_config(stack.bootstrap_servers, {})), keys)
     relay = Relay(relay_config(stack, schema, lanes=LANES, **config), publisher, connect=connect)
     try:
         with relaying(relay):

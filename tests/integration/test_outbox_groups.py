@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 from psycopg import sql
 
+from kinbox.core.publisher import Message, Sending
 from kinbox.devstack.stack import Stack
-from producer_outbox.publisher import KafkaPublisher, Outcome, producer_config
-from producer_outbox.records import Record
+from kinbox.kafka.publisher import KafkaPublisher
+from producer_outbox.producer import producer_config, relay_publisher
 from producer_outbox.relay import Relay
 from producer_outbox.writer import enqueue
 from tests.integration.test_fatal_producers import relaying
@@ -61,7 +62,8 @@ class RecordingPublisher:
         self.inner, self.log, self.number, self.groups = inner, log, number, groups
         self.siblings: list[RecordingPublisher] = []
 
-    def publish(self, records: Sequence[Record]) -> list[Outcome]:
+    def send(self, records: Sequence[Message]) -> Sending:
+        """Publish ``records`` and wait for their outcomes: sent one batch at a time."""
         with self.log.lock:
             for record in records:
                 if record.key is not None:
@@ -70,7 +72,7 @@ class RecordingPublisher:
             self.log.most_active = max(self.log.most_active, self.log.active)
         try:
             time.sleep(0.01)  # widen each publish, so the groups' publishes surely overlap
-            return self.inner.publish(records)
+            return Sending.of(self.inner.publish(records))
         finally:
             with self.log.lock:
                 self.log.active -= 1
@@ -81,6 +83,9 @@ class RecordingPublisher:
         sibling = RecordingPublisher(self.inner.sibling(), self.log, number, self.groups)
         self.siblings.append(sibling)
         return sibling
+
+    def serve(self, timeout: float) -> None:
+        """Nothing is ever left in flight."""
 
     def close(self) -> None:
         self.inner.close()
@@ -114,7 +119,7 @@ def test_lane_groups_overlap_never_share_a_key_and_a_refused_row_holds_only_its_
     # another request would overtake them (the limitation the relay documents:
     # keep -X message.max.bytes within the topics' limits). This test is about
     # what the refused row itself holds back.
-    kafka = KafkaPublisher(producer_config(stack.bootstrap_servers, {"batch.num.messages": "1"}))
+    kafka = relay_publisher(producer_config(stack.bootstrap_servers, {"batch.num.messages": "1"}))
     publisher = RecordingPublisher(kafka, log)
     try:
         # When one relay with two lane groups publishes it

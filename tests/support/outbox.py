@@ -29,7 +29,7 @@ from kinbox.core.errors import StoreError
 from kinbox.devstack.stack import Stack
 from kinbox.store.migrations import migrate
 from producer_outbox.config import RelayConfig
-from producer_outbox.publisher import KafkaPublisher, producer_config
+from producer_outbox.producer import producer_config, relay_publisher
 from producer_outbox.relay import Relay
 from producer_outbox.schema import OUTBOX
 from producer_outbox.telemetry import RelayTelemetry
@@ -176,7 +176,7 @@ def running_relay(
     **overrides: Any,
 ) -> Iterator[Relay]:
     """Run an in-process relay in a thread; stop it gracefully on exit."""
-    publisher = KafkaPublisher(
+    publisher = relay_publisher(
         producer_config(bootstrap_servers or stack.bootstrap_servers, kafka or {})
     )
     relay = Relay(relay_config(stack, schema, **overrides), publisher, telemetry=telemetry)

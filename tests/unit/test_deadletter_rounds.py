@@ -53,16 +53,16 @@ class WatchedStore(FakeStore):
 
 
 class WatchingPublisher(FakePublisher):
-    """Notes, at each flush, how many transactions of ``store`` are open."""
+    """Notes, each time it is served (acknowledgements awaited), how many transactions are open."""
 
     def __init__(self, store: WatchedStore) -> None:
         super().__init__()
         self.store = store
-        self.open_at_flush: list[int] = []
+        self.open_at_wait: list[int] = []
 
-    def flush(self) -> None:
-        self.open_at_flush.append(self.store.open)
-        super().flush()
+    def serve(self, timeout: float) -> None:
+        self.open_at_wait.append(self.store.open)
+        super().serve(timeout)
 
     def letters(self) -> list[str]:
         """The event ids of the acknowledged dead letters, in order."""
@@ -80,7 +80,7 @@ class Bench:
         self.app = App(group_id="g")
 
         def one(event: Event, tx: Any) -> None:
-            self.calls.append((event.id, len(self.publisher.open_at_flush)))
+            self.calls.append((event.id, len(self.publisher.open_at_wait)))
             fail(event, sum(1 for i, _ in self.calls if i == event.id))
             tx.effects.append(event.id)
 
@@ -134,7 +134,7 @@ def test_dead_letters_are_flushed_with_no_transaction_open_then_recorded_by_a_re
     result = bench.processor().process(records(["a", "bad", "c"]))
 
     # The broker acknowledged the dead letter while no transaction was open
-    assert bench.publisher.open_at_flush == [0]
+    assert bench.publisher.open_at_wait == [0]
     assert bench.publisher.letters() == ["bad"]
     # ... and the transaction after it recorded it and committed the rest
     assert (result.next_offset, result.applied, result.dead_lettered) == (3, 2, 1)
@@ -152,7 +152,7 @@ def test_a_batch_without_dead_letters_takes_one_transaction_and_no_flush() -> No
 
     assert (result.next_offset, result.applied) == (3, 3)
     assert (bench.store.transactions, bench.store.commits) == (1, 1)
-    assert bench.publisher.open_at_flush == []
+    assert bench.publisher.open_at_wait == []
 
 
 def test_dead_letters_found_only_in_the_careful_pass_go_out_in_one_flush() -> None:
@@ -161,7 +161,7 @@ def test_dead_letters_found_only_in_the_careful_pass_go_out_in_one_flush() -> No
 
     result = bench.processor().process(records(["p1", "a", "p2", "b"]))
 
-    assert bench.publisher.open_at_flush == [0]
+    assert bench.publisher.open_at_wait == [0]
     assert bench.publisher.letters() == ["p1", "p2"]
     assert bench.store.status == {
         "p1": "dead_lettered", "a": "applied", "p2": "dead_lettered", "b": "applied",
@@ -178,7 +178,7 @@ def test_a_record_without_an_id_costs_its_batch_one_redo() -> None:
 
     result = bench.processor().process(records(["a", None, "c"]))
 
-    assert bench.publisher.open_at_flush == [0] and len(bench.publisher.acked) == 1
+    assert bench.publisher.open_at_wait == [0] and len(bench.publisher.acked) == 1
     assert (result.next_offset, result.applied, result.dead_lettered) == (3, 2, 1)
     assert (bench.store.transactions, bench.store.commits) == (2, 1)
     assert sorted(bench.store.effects) == ["a", "c"]
@@ -191,7 +191,7 @@ def test_a_dead_letter_the_broker_does_not_take_holds_the_partition_at_it() -> N
     result = bench.processor().process(records(["a", "bad", "c"]))
 
     # Then the event before it commits, and the partition waits at it: no try counted
-    assert bench.publisher.open_at_flush == [0] and bench.publisher.acked == []
+    assert bench.publisher.open_at_wait == [0] and bench.publisher.acked == []
     assert result.next_offset == 1 and result.failure is not None
     assert (result.failure.offset, result.failure.dead_letter_topic) == (1, f"{T}.dlq")
     assert bench.store.status == {"a": "applied"}
@@ -220,7 +220,7 @@ def test_a_new_failure_in_the_redo_is_the_event_s_failed_try() -> None:
     assert bench.store.status == {"a": "applied", "flaky": "applied", "bad": "dead_lettered"}
     assert Counter(bench.store.effects) == {"a": 1, "flaky": 1}
     assert bench.publisher.letters() == ["bad", "bad"]
-    assert set(bench.publisher.open_at_flush) == {0}
+    assert set(bench.publisher.open_at_wait) == {0}
 
 
 def test_a_new_dead_letter_in_the_redo_goes_out_in_another_round() -> None:
@@ -234,7 +234,7 @@ def test_a_new_dead_letter_in_the_redo_goes_out_in_another_round() -> None:
 
     result = bench.processor().process(records(["bad", "a", "late"]))
 
-    assert bench.publisher.open_at_flush == [0, 0]
+    assert bench.publisher.open_at_wait == [0, 0]
     assert bench.publisher.letters() == ["bad", "late"]
     assert (result.next_offset, result.applied, result.dead_lettered) == (3, 1, 2)
     assert bench.store.status == {"bad": "dead_lettered", "a": "applied", "late": "dead_lettered"}
@@ -270,4 +270,4 @@ def test_a_crash_at_any_point_loses_nothing_and_applies_nothing_twice(
     assert Counter(bench.store.effects) == {"a": 1, "c": 1}
     assert result.next_offset == 3
     assert bench.publisher.letters() == ["bad"] * copies
-    assert set(bench.publisher.open_at_flush) == {0}
+    assert set(bench.publisher.open_at_wait) == {0}

@@ -21,7 +21,7 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
 def test_importing_producer_outbox_loads_no_consumer_module() -> None:
     consumer = [
         "kinbox.app", "kinbox.consume.runner", "kinbox.apply.batch", "kinbox.store.postgres",
-        "kinbox.kafka.consumer", "kinbox.kafka.producer", "kinbox.kafka.reader",
+        "kinbox.kafka.consumer", "kinbox.kafka.publisher", "kinbox.kafka.reader",
         "kinbox.core.config", "kinbox.apply.envelope", "kinbox.core.event",
         "kinbox.middleware.base",
         "kinbox.middleware.telemetry", "opentelemetry",

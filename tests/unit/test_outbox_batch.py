@@ -8,9 +8,10 @@ from collections.abc import Sequence
 import pytest
 from confluent_kafka import KafkaError
 
+from kinbox.core.publisher import ACKED, HELD, Outcome
+from kinbox.kafka.deliveries import outcome as _outcome
 from producer_outbox.batch import judge, plan
 from producer_outbox.config import RelayConfig
-from producer_outbox.publisher import ACKED, HELD, Outcome, _outcome
 from producer_outbox.records import OutboxRow
 
 TOPIC_DOWN = Outcome("UNKNOWN_TOPIC_OR_PART: gone", outage=True, topic_failure=True)

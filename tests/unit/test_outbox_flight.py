@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
+from kinbox.core.publisher import ACKED, Outcome, Sending
 from producer_outbox.flight import InFlight
-from producer_outbox.publisher import ACKED, Outcome, Sending
 from producer_outbox.records import OutboxRow
 
 pytestmark = pytest.mark.unit

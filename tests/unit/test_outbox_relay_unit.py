@@ -10,10 +10,12 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from kinbox.core.errors import ConfigurationError
+from kinbox.core.publisher import ACKED, HELD, Message, Sending
+from kinbox.kafka.publisher import KafkaPublisher
 from producer_outbox.config import RelayConfig
 from producer_outbox.lane_locks import group_target
-from producer_outbox.publisher import ACKED, HELD, KafkaPublisher, Outcome, producer_config
-from producer_outbox.records import OutboxRow, Record, row_from_db, to_record
+from producer_outbox.producer import producer_config, relay_publisher
+from producer_outbox.records import OutboxRow, row_from_db, to_record
 from producer_outbox.relay import Relay
 from producer_outbox.shared import Shared
 
@@ -75,25 +77,25 @@ def test_producer_config_keeps_idempotence() -> None:
 
 
 def test_unreachable_broker_is_an_outage_not_a_bad_record() -> None:
-    publisher = KafkaPublisher(
+    publisher = relay_publisher(
         producer_config("127.0.0.1:1", {"message.timeout.ms": "300", "log_level": "0"})
     )
-    (outcome,) = publisher.publish([Record("t", b"k", b"v", [])])
+    (outcome,) = publisher.publish([Message("t", b"k", b"v", [])])
     assert not outcome.ok and outcome.outage
 
 
 def test_refused_record_holds_back_later_records_of_its_key() -> None:
-    publisher = KafkaPublisher(
+    publisher = relay_publisher(
         producer_config(
             "127.0.0.1:1",
             {"message.timeout.ms": "300", "message.max.bytes": "1000", "log_level": "0"},
         )
     )
     big, same_key, same_key_elsewhere, other = (
-        Record("t", b"k", b"x" * 5000, []),
-        Record("t", b"k", b"v", []),
-        Record("t2", b"k", b"v", []),
-        Record("t", b"o", b"x" * 5000, []),
+        Message("t", b"k", b"x" * 5000, []),
+        Message("t", b"k", b"v", []),
+        Message("t2", b"k", b"v", []),
+        Message("t", b"o", b"x" * 5000, []),
     )
     outcomes = publisher.publish([big, same_key, same_key_elsewhere, other])
     assert not outcomes[0].outage and "SIZE" in (outcomes[0].error or "")
@@ -132,10 +134,10 @@ def test_a_topic_the_cluster_does_not_answer_about_is_not_asked_about_at_every_s
         made.append(_Unanswered(config))
         return made[-1]
 
-    publisher = KafkaPublisher(producer_config("b:9092", {}), factory=factory, admin_factory=None)
+    publisher = relay_publisher(producer_config("b:9092", {}), factory=factory, admin_factory=None)
     # When two sends go to that topic
-    first = publisher.publish([Record("t", b"k", b"1", [])])
-    second = publisher.publish([Record("t", b"o", b"2", [])])
+    first = publisher.publish([Message("t", b"k", b"1", [])])
+    second = publisher.publish([Message("t", b"o", b"2", [])])
     # Then both are delivered, and the group waited for the question only once
     assert first == second == [ACKED]
     assert made[0].asked == ["t"]
@@ -143,7 +145,10 @@ def test_a_topic_the_cluster_does_not_answer_about_is_not_asked_about_at_every_s
 
 def test_relay_runs_lane_groups_only_with_a_publisher_that_has_siblings() -> None:
     class Plain:
-        def publish(self, records: Sequence[Record]) -> list[Outcome]:
+        def send(self, messages: Sequence[Message]) -> Sending:
+            raise AssertionError("not called")
+
+        def serve(self, timeout: float) -> None:
             raise AssertionError("not called")
 
         def close(self) -> None:
@@ -151,7 +156,7 @@ def test_relay_runs_lane_groups_only_with_a_publisher_that_has_siblings() -> Non
 
     config = RelayConfig(database_url="postgresql://x", parallel=4)
     assert Relay(config, Plain()).groups == 1
-    kafka = KafkaPublisher(producer_config("127.0.0.1:1", {"log_level": "0"}))
+    kafka = relay_publisher(producer_config("127.0.0.1:1", {"log_level": "0"}))
     assert Relay(config, kafka).groups == 4
     assert Relay(replace(config, lanes=3), kafka).groups == 3
     assert Relay(replace(config, parallel=1), kafka).groups == 1

@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NoOpTracerProvider, SpanKind
 
+from kinbox.core.publisher import ACKED, Message, Outcome
 from producer_outbox import trace_context
 from producer_outbox.outbox_status import Backlog
-from producer_outbox.publisher import ACKED, Outcome
-from producer_outbox.records import OutboxRow, Record, row_from_db, to_record
+from producer_outbox.records import OutboxRow, row_from_db, to_record
 from producer_outbox.telemetry import RelayTelemetry
 from producer_outbox.writer import RESERVED_HEADERS
 
@@ -33,9 +33,9 @@ class Publisher:
 
     def __init__(self, refuse: str = "") -> None:
         self.refuse = refuse
-        self.published: list[Record] = []
+        self.published: list[Message] = []
 
-    def publish(self, records: Sequence[Record]) -> list[Outcome]:
+    def publish(self, records: Sequence[Message]) -> list[Outcome]:
         self.published += records
         return [
             Outcome("MSG_SIZE_TOO_LARGE: too big") if r.topic == self.refuse else ACKED
@@ -65,7 +65,7 @@ def traceparent_of(context: trace.SpanContext) -> str:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
 
-def headers(record: Record) -> dict[str, bytes]:
+def headers(record: Message) -> dict[str, bytes | None]:
     return dict(record.headers)
 
 

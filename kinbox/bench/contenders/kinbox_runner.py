@@ -152,7 +152,7 @@ class InboxOff:
 def run_inbox_off(spec: ChildSpec) -> None:
     """The batch handler on kinbox's runner, without the inbox (at-least-once)."""
     from kinbox.consume.runner import Runner
-    from kinbox.kafka import KafkaPublisher, KafkaTransport
+    from kinbox.kafka import KafkaTransport, dead_letter_publisher
     from kinbox.store.postgres import PostgresInboxStore
 
     application = app(spec, batch=True)
@@ -164,7 +164,7 @@ def run_inbox_off(spec: ChildSpec) -> None:
     store.open()
     runner = Runner(
         application, config, KafkaTransport(config), InboxOff(store),
-        publisher=KafkaPublisher(config),
+        publisher=dead_letter_publisher(config),
     )  # fmt: skip
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:
