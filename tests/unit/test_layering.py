@@ -229,6 +229,48 @@ def test_the_driver_libraries_are_imported_by_their_driver_only() -> None:
     assert broken == []
 
 
+def producers_made(path: Path) -> Iterator[int]:
+    """Each line of ``path`` naming confluent-kafka's ``Producer``: imported, or as an attribute."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if (node.module or "").startswith("confluent_kafka") and any(
+                alias.name == "Producer" for alias in node.names
+            ):
+                yield node.lineno
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "Producer"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "confluent_kafka"
+        ):
+            yield node.lineno
+
+
+def test_one_publisher_only_the_kafka_driver_makes_a_producer() -> None:
+    # Dead letters, replays and the outbox relay all publish through
+    # kinbox.kafka's KafkaPublisher; the tools (the benchmark's load) may
+    # drive a Producer of their own.
+    broken = [
+        f"{where(path, line)}: {name} uses confluent-kafka's Producer"
+        for name, path in sorted(modules().items())
+        if room_of(name) != "kinbox.kafka" and ROOMS[room_of(name)][0] != "tools"
+        for line in producers_made(path)
+    ]
+    assert broken == []
+
+
+def test_the_outbox_imports_no_kafka_client() -> None:
+    # producer_outbox publishes through the Kafka driver, never confluent-kafka itself.
+    broken = [
+        f"{where(path, line)}: {name} imports confluent_kafka"
+        for name, path in sorted(modules().items())
+        if room_of(name) == "producer_outbox"
+        for library, line, _ in libraries(path)
+        if library == "confluent_kafka"
+    ]
+    assert broken == []
+
+
 def test_the_core_imports_the_standard_library_and_itself() -> None:
     broken = []
     for name, path in sorted(modules().items()):
