@@ -20,12 +20,16 @@ from kinbox.core.errors import TransportError
 
 
 class Message(NamedTuple):
-    """One Kafka record to send (immutable): its topic, key, value and headers."""
+    """One Kafka record to send (immutable): its topic, key, value and headers.
+
+    ``headers`` is a list, as the Kafka client takes it: made for this
+    message, it is handed over without a copy.
+    """
 
     topic: str
     key: bytes | None
     value: bytes | None
-    headers: Sequence[tuple[str, bytes | None]]
+    headers: list[tuple[str, bytes | None]]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ messages of their keys are held.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicCollection
@@ -65,7 +65,7 @@ class TopicChecks:
         # Topics the broker confirmed, or left unanswered (see refused()).
         self._writable: set[str] = set()
 
-    def refused(self, producer: Producer, topics: Iterable[str]) -> dict[str, Outcome]:
+    def refused(self, producer: Producer, topics: set[str]) -> dict[str, Outcome]:
         """Ask about ``topics`` not yet confirmed; return those refused as a whole.
 
         So is one this client may see but not write (:meth:`_write_denied`).
@@ -73,7 +73,7 @@ class TopicChecks:
         is not asked again at every send: each time, the sender would wait.
         """
         refused: dict[str, Outcome] = {}
-        for topic in sorted(set(topics) - self._writable):
+        for topic in sorted(topics - self._writable):
             try:
                 metadata = producer.list_topics(topic, timeout=self._timeout)
             except KafkaException:
