@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from kinbox.core.config import Settings
 from kinbox.core.publisher import Message, Publisher
@@ -26,6 +27,7 @@ from kinbox.testing import FakePublisher, FakeTransport
 from producer_outbox.producer import producer_config, relay_publisher
 from tests.support.records import committed, read_topic
 from tests.support.topics import create_topic
+from tests.support.waiting import wait_for
 
 Headers = Sequence[tuple[str, bytes | None]]
 Sent = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
@@ -178,9 +180,19 @@ class KafkaPublisherSide:
         )
 
     def topic(self) -> str:
-        return create_topic(
+        name = create_topic(
             self._bootstrap, partitions=1, config={"max.message.bytes": str(self.LIMIT)}
         )
+        # The relay's publisher asks about a topic first and takes "unknown" for
+        # an answer: wait until the broker's metadata has the new one.
+        admin = AdminClient({"bootstrap.servers": self._bootstrap})
+
+        def known() -> bool:
+            found = admin.list_topics(name, timeout=5).topics.get(name)
+            return found is not None and found.error is None and bool(found.partitions)
+
+        wait_for(known, timeout=30, what=f"topic {name} in the metadata")
+        return name
 
     def read(self, topic: str) -> list[Sent]:
         return [(r.key, r.value, list(r.headers)) for r in read_topic(self._bootstrap, topic)]
