@@ -49,7 +49,7 @@ from kinbox.core.lazy import exports as _exports
 
 if TYPE_CHECKING:
     from kinbox.core.errors import PayloadError
-    from kinbox.core.publisher import Message, Outcome, Publisher
+    from kinbox.core.publisher import Outcome, OutgoingRecord, Publisher
     from kinbox.kafka.publisher import KafkaPublisher
     from producer_outbox.cleanup import delete_sent
     from producer_outbox.config import RelayConfig
@@ -62,10 +62,10 @@ if TYPE_CHECKING:
 __all__ = [
     "OUTBOX",
     "KafkaPublisher",
-    "Message",
     "OutboxRow",
     "OutboxStatus",
     "Outcome",
+    "OutgoingRecord",
     "PayloadError",
     "Publisher",
     "Relay",
@@ -80,7 +80,7 @@ __all__ = [
 _SOURCES = {
     "OUTBOX": "producer_outbox.schema",
     "KafkaPublisher": "kinbox.kafka.publisher",
-    "Message": "kinbox.core.publisher",
+    "OutgoingRecord": "kinbox.core.publisher",
     "OutboxRow": "producer_outbox.records",
     "OutboxStatus": "producer_outbox.outbox_status",
     "Outcome": "kinbox.core.publisher",

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Plan:
+class Sends:
     """How the rows of one claim go out (indexes into the claim, in claim order)."""
 
     together: list[int] = field(default_factory=list)
@@ -62,14 +62,14 @@ class Plan:
     """Rows that failed before, whose topic has a row going alone already."""
 
 
-def plan(rows: Sequence[OutboxRow], alone_topics: Collection[str] = ()) -> Plan:
+def plan(rows: Sequence[OutboxRow], alone_topics: Collection[str] = ()) -> Sends:
     """Cut a claim into sends, keeping each key's order (see the module docstring).
 
     ``alone_topics``: topics with a row going alone already. Rows in none of
     the lists stay pending for a later claim: rows of a key behind one of its
     rows that failed before.
     """
-    result = Plan()
+    result = Sends()
     topics = set(alone_topics)
     sent_keys: set[str] = set()  # keys with a row in `together`
     stopped: set[str] = set()  # keys whose later rows wait for a later claim

@@ -102,7 +102,7 @@ class Settled:
         return {n: spans[i] for n, i in enumerate(self.indexes) if i in spans}
 
 
-class InFlight:
+class RowsInFlight:
     """A lane group's rows in flight and the keys, lanes and topic slots they hold."""
 
     def __init__(self) -> None:

@@ -66,7 +66,7 @@ from producer_outbox import topics
 from producer_outbox.batch import Marks, judge, plan
 from producer_outbox.cleanup import delete_sent
 from producer_outbox.config import RelayConfig
-from producer_outbox.flight import Flight, InFlight, Settled
+from producer_outbox.flight import Flight, RowsInFlight, Settled
 from producer_outbox.lane_locks import LaneOwner
 from producer_outbox.records import OutboxRow, to_record
 from producer_outbox.schedule import Scheduler
@@ -153,7 +153,7 @@ class LaneGroup:
         self._outages = 0
         # Rows sent and not yet marked; kept across reconnects (their reports
         # still come), each row with the epoch (connection) it was claimed on.
-        self._flights = InFlight()
+        self._flights = RowsInFlight()
         self._epoch = 0
 
     def run(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from kinbox.core.publisher import Message
+from kinbox.core.publisher import OutgoingRecord
 from producer_outbox.trace_context import headers as trace_headers
 
 #: CloudEvents spec version announced in ``ce_specversion``.
@@ -59,7 +59,7 @@ def row_from_db(values: tuple[Any, ...]) -> OutboxRow:
     ))  # fmt: skip
 
 
-def to_record(row: OutboxRow, *, source: str | None = None) -> Message:
+def to_record(row: OutboxRow, *, source: str | None = None) -> OutgoingRecord:
     """Build the Kafka record of ``row``: key = partition key, headers = event id + stored.
 
     ``ce_*`` headers are set when the row has an event type (CloudEvents needs
@@ -82,7 +82,7 @@ def to_record(row: OutboxRow, *, source: str | None = None) -> Message:
     if row.headers:
         headers += [(name, value.encode()) for name, value in row.headers.items()]
     key = row.key
-    return _new_tuple(Message, (
+    return _new_tuple(OutgoingRecord, (
         row.topic, None if key is None else key.encode(), row.value, headers,
     ))  # fmt: skip
 

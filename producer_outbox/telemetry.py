@@ -45,7 +45,7 @@ from kinbox.core.otel.instruments import (
     tracing_on,
 )
 from kinbox.core.otel.propagation import as_parent, formatted, parse
-from kinbox.core.publisher import Message, Outcome
+from kinbox.core.publisher import Outcome, OutgoingRecord
 from producer_outbox import trace_context
 from producer_outbox.outbox_status import Backlog, read_backlog
 from producer_outbox.records import OutboxRow
@@ -90,8 +90,8 @@ class RelayTelemetry:
             )
 
     def start(
-        self, rows: Sequence[OutboxRow], records: Sequence[Message]
-    ) -> tuple[Sequence[Message], dict[int, trace.Span]]:
+        self, rows: Sequence[OutboxRow], records: Sequence[OutgoingRecord]
+    ) -> tuple[Sequence[OutgoingRecord], dict[int, trace.Span]]:
         """Open the rows' ``send`` spans; return the records to send and the spans by index.
 
         A record whose row got a span carries the span's context instead of the
@@ -219,11 +219,11 @@ def _reading(spec: sc.Instrument) -> Callable[[RelayTelemetry], list[Observation
     return read
 
 
-def _carrying(record: Message, span: trace.Span) -> Message:
+def _carrying(record: OutgoingRecord, span: trace.Span) -> OutgoingRecord:
     """``record`` with the trace headers of ``span`` instead of the stored ones."""
     kept = [(n, v) for n, v in record.headers if n not in trace_context.COLUMNS]
     carried = trace_context.headers(*formatted(span.get_span_context()))
-    return Message(record.topic, record.key, record.value, [*kept, *carried])
+    return OutgoingRecord(record.topic, record.key, record.value, [*kept, *carried])
 
 
 def _error_type(outcome: Outcome) -> str:

@@ -101,7 +101,7 @@ from kinbox.core.failpoints import failpoint
 from kinbox.core.inbox import InboxStore, InboxTransaction
 from kinbox.core.letter import INVALID_ID, Letter, is_replay
 from kinbox.core.outcome import BatchResult, Failure, Step
-from kinbox.core.publisher import Message, Publisher, Sending, deliver
+from kinbox.core.publisher import OutgoingRecord, Publisher, Sending, deliver
 from kinbox.core.record import Record
 from kinbox.core.transport import ValueReader
 from kinbox.middleware.base import Chain, Middleware
@@ -112,7 +112,7 @@ log = logging.getLogger(__name__)
 class _NoPublisher:
     """Stands in when no dead-letter publisher is wired: a dead letter fails the batch."""
 
-    def send(self, messages: Sequence[Message]) -> Sending:
+    def send(self, messages: Sequence[OutgoingRecord]) -> Sending:
         raise TransportError("no dead-letter publisher configured", retriable=False)
 
     def serve(self, timeout: float) -> None:

@@ -14,13 +14,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from kinbox.core.letter import PREFIX, Letter, header, headers, replay_headers
-from kinbox.core.publisher import Message, Publisher, deliver
+from kinbox.core.publisher import OutgoingRecord, Publisher, deliver
 from kinbox.core.record import Record
 
 log = logging.getLogger(__name__)
 
 
-def message(letter: Letter, max_bytes: int | None = None) -> Message:
+def message(letter: Letter, max_bytes: int | None = None) -> OutgoingRecord:
     """The record that dead-letters ``letter`` (logged as it is made).
 
     The caller delivers it before the COMMIT that records the letter, with
@@ -38,7 +38,7 @@ def message(letter: Letter, max_bytes: int | None = None) -> Message:
             "group": letter.consumer, "dlq_topic": letter.target, "reason": letter.reason,
         },
     )  # fmt: skip
-    return Message(letter.target, r.key, r.value, headers(letter, max_bytes=max_bytes))
+    return OutgoingRecord(letter.target, r.key, r.value, headers(letter, max_bytes=max_bytes))
 
 
 @dataclass
@@ -78,7 +78,7 @@ def replay(
 
 def _replays(
     records: Iterable[Record], report: ReplayReport, filter_reason: str | None, limit: int | None
-) -> Iterator[Message]:
+) -> Iterator[OutgoingRecord]:
     """The replay of each dead letter ``records`` hold, noted in ``report`` as it is made."""
     for record in records:
         report.read += 1
@@ -96,4 +96,4 @@ def _replays(
             f"(from {origin}[{header(record, PREFIX + 'partition')}]"
             f"@{header(record, PREFIX + 'offset')}, reason {reason!r})"
         )
-        yield Message(origin, record.key, record.value, replay_headers(record))
+        yield OutgoingRecord(origin, record.key, record.value, replay_headers(record))

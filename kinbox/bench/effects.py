@@ -69,7 +69,7 @@ def _columns() -> sql.Composed:
 
 
 @dataclass(frozen=True)
-class Tally:
+class EffectTally:
     """What a run left in its effect table."""
 
     rows: int
@@ -95,7 +95,7 @@ class Tally:
         return duplicates
 
 
-def tally(conn: psycopg.Connection[Any], schema: str, table: str) -> Tally:
+def tally(conn: psycopg.Connection[Any], schema: str, table: str) -> EffectTally:
     """Count the rows and distinct events in an effect table."""
     row = conn.execute(
         sql.SQL("SELECT count(*), count(DISTINCT event_id) FROM {}.{}").format(
@@ -103,7 +103,7 @@ def tally(conn: psycopg.Connection[Any], schema: str, table: str) -> Tally:
         )
     ).fetchone()
     assert row is not None
-    return Tally(int(row[0]), int(row[1]))
+    return EffectTally(int(row[0]), int(row[1]))
 
 
 def frontier(

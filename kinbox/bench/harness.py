@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Outcome:
+class BenchResult:
     """Everything a benchmark invocation produced."""
 
     results: list[RunResult] = field(default_factory=list)
@@ -106,7 +106,7 @@ class Harness:
         self.target = target
         self.sizes = sizes
         self.scenarios = list(scenarios)
-        self.outcome = Outcome()
+        self.outcome = BenchResult()
         self.contenders: list[Contender] = []
         for contender in contenders:
             if contender.available():
@@ -133,7 +133,7 @@ class Harness:
         else:
             log.warning("%s", line)
 
-    def run(self) -> Outcome:
+    def run(self) -> BenchResult:
         """Run the plan; the caller removes the namespace afterwards (see :meth:`cleanup`)."""
         from kinbox.store.postgres import apply_migrations
         from kinbox.store.schema import INBOX

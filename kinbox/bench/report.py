@@ -21,7 +21,7 @@ from psycopg import sql
 
 from kinbox.bench import outside_report
 from kinbox.bench.contenders import BY_NAME as CONTENDERS
-from kinbox.bench.harness import Outcome
+from kinbox.bench.harness import BenchResult
 from kinbox.bench.results import Summary, find, summarise
 from kinbox.bench.scenarios import TITLES, title
 from kinbox.bench.spec import Sizes, Target
@@ -149,7 +149,7 @@ def _mb(value: int) -> float | None:
     return round(value / 2**20, 1) if value else None
 
 
-def to_json(target: Target, sizes: Sizes, outcome: Outcome) -> dict[str, Any]:
+def to_json(target: Target, sizes: Sizes, outcome: BenchResult) -> dict[str, Any]:
     """Everything, for machines."""
     summaries = summarise(outcome.results)
     return {
@@ -190,7 +190,7 @@ def _rate_cell(s: Summary) -> str:
     return f"{s.rate:,.0f}{spread}"
 
 
-def markdown(data: dict[str, Any], outcome: Outcome) -> str:
+def markdown(data: dict[str, Any], outcome: BenchResult) -> str:
     """The header, the main table, the headline ratios, the failures."""
     h = data["header"]
     pg = h["postgresql"]
@@ -272,7 +272,7 @@ def chart(data: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def write(data: dict[str, Any], outcome: Outcome, out_dir: Path) -> list[Path]:
+def write(data: dict[str, Any], outcome: BenchResult, out_dir: Path) -> list[Path]:
     """Write ``bench.json``, ``bench.md`` and ``bench.png`` into ``out_dir``; return the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "bench.json", out_dir / "bench.md"]

@@ -20,7 +20,7 @@ from starlette.responses import RedirectResponse, Response
 
 from kinbox.console.app_support import console_of, json_of, render, who
 from kinbox.console.auth import COOKIE, CSRF_FIELD, Gate, Identity, safe_next
-from kinbox.console.decide import Outcome
+from kinbox.console.decide import ActionResult
 from kinbox.console.fingerprint import is_fingerprint
 from kinbox.core.errors import KinboxError
 
@@ -165,7 +165,7 @@ def _field(form: Any, name: str) -> str | None:
     return None if value is None else str(value)
 
 
-def _done(request: Request, person: Identity, outcome: Outcome, back: str) -> Response:
+def _done(request: Request, person: Identity, outcome: ActionResult, back: str) -> Response:
     # What is open has changed: the next page reads the topics and decisions afresh.
     console_of(request).forget_letters()
     console_of(request).sampler.refresh()
@@ -182,10 +182,10 @@ async def _refuse(request: Request, status: int, message: str) -> Response:
     return await render(request, "error.html", status_code=status, message=message)
 
 
-async def _run(request: Request, act: Any, *args: Any) -> Outcome | Response:
+async def _run(request: Request, act: Any, *args: Any) -> ActionResult | Response:
     """Run an action on a worker thread; a decision that cannot be recorded is a refusal."""
     try:
-        outcome: Outcome = await asyncio.to_thread(act, *args)
+        outcome: ActionResult = await asyncio.to_thread(act, *args)
     except KinboxError as exc:
         return await _refuse(
             request, 503, f"nothing was done: the decision cannot be recorded: {exc}"

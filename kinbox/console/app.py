@@ -50,7 +50,7 @@ HEADERS = {
 }
 
 
-class Guard(BaseHTTPMiddleware):
+class AccessGuard(BaseHTTPMiddleware):
     """The token on every path but the public ones, read-only mode, the security headers."""
 
     async def dispatch(
@@ -136,7 +136,7 @@ def create_app(console: Console, *, sample: bool = True) -> Starlette:
         Route("/parked-keys/{verb}", actions.parked_key, methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("kinbox.console", "static")]), name="static"),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(Guard)], lifespan=lifespan)
+    app = Starlette(routes=routes, middleware=[Middleware(AccessGuard)], lifespan=lifespan)
     app.state.console = console
     app.state.templates = templates(console)
     return app

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kinbox.apply import deadletter
-from kinbox.console.letters import Letter
+from kinbox.console.letters import LetterView
 from kinbox.console.parked import ParkedKeySource
 from kinbox.core.config import Settings
 from kinbox.core.errors import KinboxError
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ActionResult:
     """What an action did: its decision's id, whether it went through, and a sentence."""
 
     decision: int
@@ -71,8 +71,8 @@ class Actions:
         self._scrub = scrub
 
     def replay(
-        self, operator: str, letters: Sequence[Letter], target: str, subject: str
-    ) -> Outcome:
+        self, operator: str, letters: Sequence[LetterView], target: str, subject: str
+    ) -> ActionResult:
         """Re-publish ``letters`` to their original topics (``kinbox dlq replay``'s code)."""
 
         def act() -> tuple[int, str]:
@@ -88,8 +88,8 @@ class Actions:
         return self._decide(operator, "replay", target, subject, records, act)
 
     def discard(
-        self, operator: str, letters: Sequence[Letter], target: str, subject: str
-    ) -> Outcome:
+        self, operator: str, letters: Sequence[LetterView], target: str, subject: str
+    ) -> ActionResult:
         """Give ``letters`` up: recorded, and no longer shown open; they stay in Kafka."""
 
         def act() -> tuple[int, str]:
@@ -98,7 +98,7 @@ class Actions:
         records = [x.decided() for x in letters]
         return self._decide(operator, "discard", target, subject, records, act)
 
-    def requeue_row(self, operator: str, row_id: uuid.UUID) -> Outcome:
+    def requeue_row(self, operator: str, row_id: uuid.UUID) -> ActionResult:
         """Put a parked outbox row back to pending (``kinbox outbox requeue --id``)."""
 
         def act() -> tuple[int, str]:
@@ -110,7 +110,7 @@ class Actions:
 
         return self._decide(operator, "requeue", "outbox row", str(row_id), [], act)
 
-    def discard_row(self, operator: str, row_id: uuid.UUID) -> Outcome:
+    def discard_row(self, operator: str, row_id: uuid.UUID) -> ActionResult:
         """Delete a parked outbox row: its event is given up, its key's later rows go on."""
 
         def act() -> tuple[int, str]:
@@ -122,7 +122,7 @@ class Actions:
 
         return self._decide(operator, "discard", "outbox row", str(row_id), [], act)
 
-    def release_key(self, operator: str, group: str, topic: str, key: str) -> Outcome:
+    def release_key(self, operator: str, group: str, topic: str, key: str) -> ActionResult:
         """Let a parked key's events go on."""
 
         def act() -> tuple[int, str]:
@@ -131,7 +131,7 @@ class Actions:
 
         return self._decide(operator, "release", "parked key", f"{group} {topic} {key}", [], act)
 
-    def discard_key(self, operator: str, group: str, topic: str, key: str) -> Outcome:
+    def discard_key(self, operator: str, group: str, topic: str, key: str) -> ActionResult:
         """Drop a parked key's events."""
 
         def act() -> tuple[int, str]:
@@ -148,7 +148,7 @@ class Actions:
         subject: str,
         records: list[DecidedRecord],
         act: Callable[[], tuple[int, str]],
-    ) -> Outcome:
+    ) -> ActionResult:
         decision = self._log.begin(operator, action, target, subject, records)
         try:
             count, detail = act()
@@ -156,9 +156,9 @@ class Actions:
             message = self._scrub(f"{action} of {target} {subject} failed: {exc}")
             log.error("decision %d by %s: %s", decision, operator, message)
             self._log.finish(decision, "failed", message)
-            return Outcome(decision, False, message)
+            return ActionResult(decision, False, message)
         message = self._scrub(detail)
         log.info("decision %d by %s: %s of %s %s: %s", decision, operator, action, target,
                  subject, message)  # fmt: skip
         self._log.finish(decision, "done", message, count)
-        return Outcome(decision, True, message)
+        return ActionResult(decision, True, message)

@@ -33,7 +33,7 @@ _LENGTH = 16
 
 
 @dataclass(frozen=True)
-class Cause:
+class LetterCause:
     """Why a dead letter was given up, and by which handler.
 
     Attributes:
@@ -62,12 +62,12 @@ def normalise(reason: str) -> str:
     return _NUMBER.sub("<n>", reason).strip()
 
 
-def cause(record: Record) -> Cause | None:
+def cause(record: Record) -> LetterCause | None:
     """The cause of a dead letter, or ``None`` for a record that is none (no origin header)."""
     topic = header(record, PREFIX + "topic")
     if topic is None:
         return None
-    return Cause(
+    return LetterCause(
         reason=normalise(header(record, PREFIX + "reason") or "unknown"),
         error_type=header(record, PREFIX + "error.type") or "",
         group=header(record, PREFIX + "consumer") or "",

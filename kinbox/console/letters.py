@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kinbox.apply.envelope import event_id
-from kinbox.console.fingerprint import Cause, cause
+from kinbox.console.fingerprint import LetterCause, cause
 from kinbox.core.config import Settings
 from kinbox.core.errors import EnvelopeError
 from kinbox.core.letter import PREFIX, header
@@ -41,7 +41,7 @@ DLQ_SUFFIX = ".dlq"
 
 
 @dataclass(frozen=True)
-class Letter:
+class LetterView:
     """One dead letter and what is known of it.
 
     Attributes:
@@ -53,7 +53,7 @@ class Letter:
     """
 
     record: Record
-    cause: Cause
+    cause: LetterCause
     event_id: str | None
     closed: Closed | None = None
     verdict: str | None = None
@@ -82,8 +82,8 @@ class Letter:
 class LetterGroup:
     """The dead letters of one cause, newest first."""
 
-    cause: Cause
-    letters: list[Letter] = field(default_factory=list)
+    cause: LetterCause
+    letters: list[LetterView] = field(default_factory=list)
 
     @property
     def fingerprint(self) -> str:
@@ -91,7 +91,7 @@ class LetterGroup:
         return self.cause.fingerprint
 
     @property
-    def open(self) -> list[Letter]:
+    def open(self) -> list[LetterView]:
         """Those no decision has dealt with yet."""
         return [letter for letter in self.letters if letter.closed is None]
 
@@ -153,7 +153,7 @@ class Scan:
         """The group of ``fingerprint``, if any letter read has it."""
         return next((g for g in self.groups if g.fingerprint == fingerprint), None)
 
-    def find(self, topic: str, partition: int, offset: int) -> Letter | None:
+    def find(self, topic: str, partition: int, offset: int) -> LetterView | None:
         """The letter at those coordinates, if it was read."""
         wanted = (topic, partition, offset)
         return next((x for g in self.groups for x in g.letters if x.coordinates == wanted), None)
@@ -189,7 +189,7 @@ def scan(
     inspector = Inspector(producer_config(settings))
     topics = dlq_topics(inspector, sorted(ours), extra)
     sizes = kept(inspector, topics)
-    found: list[tuple[Record, Cause]] = []
+    found: list[tuple[Record, LetterCause]] = []
     read: dict[str, int] = {}
     for topic in topics:
         records = read_tail(settings, topic, limit)
@@ -205,7 +205,7 @@ def scan(
     groups: dict[str, LetterGroup] = {}
     for record, why in found:
         key = _key(record)
-        letter = Letter(
+        letter = LetterView(
             record, why, ids[key], closed.get(key), _verdict(verdicts, why.group, ids[key])
         )
         groups.setdefault(why.fingerprint, LetterGroup(why)).letters.append(letter)

@@ -1,6 +1,6 @@
 """The overview at one moment: ``kinbox status``'s report and the dead-letter topics.
 
-One :class:`Snapshot` is taken every few seconds by the sampler
+One :class:`Overview` is taken every few seconds by the sampler
 (:mod:`kinbox.console.sampler`); the overview page shows the newest, and the
 charts are drawn from the figures each one adds. A part that cannot be read
 (the broker away, the database down) leaves its error in the snapshot, and
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class Overview:
     """What the overview shows.
 
     Attributes:
@@ -61,7 +61,7 @@ class Snapshot:
         return rows / self.window
 
 
-def take(settings: Settings, window: float, letters: Callable[[], Scan]) -> Snapshot:
+def take(settings: Settings, window: float, letters: Callable[[], Scan]) -> Overview:
     """Read the status and the dead-letter topics now; an unreadable part leaves an error."""
     errors: list[str] = []
     status = None
@@ -76,7 +76,7 @@ def take(settings: Settings, window: float, letters: Callable[[], Scan]) -> Snap
     except KinboxError as exc:
         log.warning("the console could not read the dead letters: %s", exc)
         errors.append(f"dead letters: {exc}")
-    return Snapshot(
+    return Overview(
         dt.datetime.now(dt.UTC),
         window,
         status,

@@ -19,8 +19,8 @@ from kinbox.console import preview
 from kinbox.console.app_support import console_of, json_of, render
 from kinbox.console.charts import chart, chart_span
 from kinbox.console.fingerprint import is_fingerprint
-from kinbox.console.letters import Letter, LetterGroup, Scan
-from kinbox.console.overview import Snapshot
+from kinbox.console.letters import LetterGroup, LetterView, Scan
+from kinbox.console.overview import Overview
 from kinbox.core.errors import KinboxError
 from kinbox.ops.explanation import explain
 
@@ -47,7 +47,7 @@ async def login_form(request: Request) -> Response:
     )  # fmt: skip
 
 
-async def _snapshot(request: Request) -> Snapshot:
+async def _snapshot(request: Request) -> Overview:
     sampler = console_of(request).sampler
     return sampler.latest or await sampler.sample()
 
@@ -155,7 +155,7 @@ async def letter_group(request: Request) -> Response:
     return await render(request, "group.html", group=group, samples=samples, every=every)
 
 
-def _sample(letter: Letter) -> dict[str, Any]:
+def _sample(letter: LetterView) -> dict[str, Any]:
     r = letter.record
     return {
         "letter": letter,

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kinbox.console.overview import Snapshot
+from kinbox.console.overview import Overview
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,11 @@ class Sampler:
         keep: seconds of samples kept.
     """
 
-    def __init__(self, take: Callable[[], Snapshot], every: float, keep: float = HOUR) -> None:
+    def __init__(self, take: Callable[[], Overview], every: float, keep: float = HOUR) -> None:
         self._take = take
         self.every = every
         self._samples: deque[Sample] = deque(maxlen=max(2, int(keep / every) + 1))
-        self.latest: Snapshot | None = None
+        self.latest: Overview | None = None
         self._fresh = asyncio.Event()
 
     def series(self) -> list[Sample]:
@@ -66,7 +66,7 @@ class Sampler:
         """Take the next snapshot now (after an action), not at the end of the interval."""
         self._fresh.set()
 
-    async def sample(self) -> Snapshot:
+    async def sample(self) -> Overview:
         """Take one snapshot now and add its sample."""
         snapshot = await asyncio.to_thread(self._take)
         self.latest = snapshot

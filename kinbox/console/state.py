@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from kinbox.console.auth import Gate
 from kinbox.console.decide import Actions
-from kinbox.console.letters import Letter, Scan, scan
-from kinbox.console.overview import Snapshot, take
+from kinbox.console.letters import LetterView, Scan, scan
+from kinbox.console.overview import Overview, take
 from kinbox.console.parked import ParkedKeySource, source
 from kinbox.console.redact import Scrubber
 from kinbox.console.sampler import Sampler
@@ -68,10 +68,10 @@ class Console:
         with self._lock:
             self._scan = None
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self) -> Overview:
         """A fresh overview (blocking): the sampler's job."""
         return take(self.settings.connection, self.settings.sample_every, self.letters)
 
-    def letter(self, topic: str, partition: int, offset: int) -> Letter | None:
+    def letter(self, topic: str, partition: int, offset: int) -> LetterView | None:
         """The dead letter at those coordinates in a fresh read, if it is among those read."""
         return self.letters(max_age=0).find(topic, partition, offset)

@@ -19,7 +19,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 from kinbox.core.errors import TransportError
 
 
-class Message(NamedTuple):
+class OutgoingRecord(NamedTuple):
     """One Kafka record to send (immutable): its topic, key, value and headers.
 
     ``headers`` is a list, as the Kafka client takes it: made for this
@@ -95,7 +95,7 @@ class Sending:
 class Publisher(Protocol):
     """Sends messages without waiting; their outcomes come later, through :meth:`serve`."""
 
-    def send(self, messages: Sequence[Message]) -> Sending:
+    def send(self, messages: Sequence[OutgoingRecord]) -> Sending:
         """Start sending ``messages`` (in order); return at once.
 
         Messages refused before they leave (the topic refused as a whole, one
@@ -133,7 +133,7 @@ def wait(publisher: Publisher, sending: Sending) -> list[Outcome]:
     return [outcome for outcome in sending.outcomes if outcome is not None]
 
 
-def deliver(publisher: Publisher, messages: Iterable[Message]) -> None:
+def deliver(publisher: Publisher, messages: Iterable[OutgoingRecord]) -> None:
     """Send ``messages`` and return only once the broker acknowledged every one.
 
     Each is sent as it comes (``messages`` may be read lazily); one refused
@@ -143,7 +143,7 @@ def deliver(publisher: Publisher, messages: Iterable[Message]) -> None:
         TransportError: retriable; a message was refused or not acknowledged,
             and the caller must treat none of them as delivered.
     """
-    sendings: list[tuple[Message, Sending]] = []
+    sendings: list[tuple[OutgoingRecord, Sending]] = []
     for message in messages:
         sending = publisher.send([message])
         refused = sending.outcomes[0]

@@ -2,7 +2,7 @@
 
 :func:`outcome` classifies an error as the relay needs it (an outage of
 Kafka, a topic refused as a whole, or the message's own failure);
-:class:`Flight` keeps the reports of one send until they become outcomes.
+:class:`PendingSend` keeps the reports of one send until they become outcomes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import confluent_kafka
 from confluent_kafka import KafkaError
 
-from kinbox.core.publisher import ACKED, Message, Outcome, Sending
+from kinbox.core.publisher import ACKED, Outcome, OutgoingRecord, Sending
 from kinbox.kafka.errors import describe, is_fatal
 
 Callback = Callable[[KafkaError | None, confluent_kafka.Message], None]
@@ -90,10 +90,10 @@ class Fatal:
             self.reason = reason
 
 
-class Flight:
+class PendingSend:
     """The messages of one send that still wait for delivery reports, and their sending."""
 
-    def __init__(self, messages: Sequence[Message], deadline: float) -> None:
+    def __init__(self, messages: Sequence[OutgoingRecord], deadline: float) -> None:
         self.messages = messages
         self.sending = Sending(len(messages))
         self.deadline = deadline

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from kinbox.core.publisher import HELD, Message, Outcome, Sending, wait
-from kinbox.kafka.deliveries import LATE, Fatal, Flight, outcome, reported
+from kinbox.core.publisher import HELD, Outcome, OutgoingRecord, Sending, wait
+from kinbox.kafka.deliveries import LATE, Fatal, PendingSend, outcome, reported
 from kinbox.kafka.errors import ClientLog, broken, create_client, is_fatal
 from kinbox.kafka.producer_config import producer_config
 from kinbox.kafka.topic_checks import TOPIC_CHECK_WAIT, AdminFactory, TopicChecks
@@ -81,7 +81,7 @@ class KafkaPublisher:
         self._topics = (
             TopicChecks(self._config, admin_factory, wait_s, name) if check_topics else None
         )
-        self._flights: list[Flight] = []  # sends with messages still waiting for reports
+        self._flights: list[PendingSend] = []  # sends with messages still waiting for reports
 
     def sibling(self) -> KafkaPublisher:
         """A new publisher with this one's configuration and a producer of its own.
@@ -96,13 +96,13 @@ class KafkaPublisher:
             close_wait=self._close_wait,
         )  # fmt: skip
 
-    def publish(self, messages: Sequence[Message]) -> list[Outcome]:
+    def publish(self, messages: Sequence[OutgoingRecord]) -> list[Outcome]:
         """Send ``messages`` and wait until each has its outcome (:meth:`send`, :meth:`serve`)."""
         return wait(self, self.send(messages))
 
-    def send(self, messages: Sequence[Message]) -> Sending:
+    def send(self, messages: Sequence[OutgoingRecord]) -> Sending:
         """See :meth:`~kinbox.core.publisher.Publisher.send`: produce every message."""
-        flight = Flight(messages, time.monotonic() + self._flush_timeout)
+        flight = PendingSend(messages, time.monotonic() + self._flush_timeout)
         sending = flight.sending
         fatal = Fatal()
         # A key's order spans topics (the outbox orders rows by key, whatever their topic).
@@ -182,7 +182,7 @@ class KafkaPublisher:
                         fatal.saw(report)  # a report that carries only the code _FATAL
         return failed
 
-    def _record(self, flight: Flight, missing: Outcome | None, *, fatal: bool) -> None:
+    def _record(self, flight: PendingSend, missing: Outcome | None, *, fatal: bool) -> None:
         """Turn ``flight``'s new reports into outcomes; with ``missing``, finish the rest too."""
         for index in flight.arrived:
             known = reported(flight.reports[index], missing or LATE, fatal)
@@ -195,7 +195,9 @@ class KafkaPublisher:
                 if found is None:
                     flight.sending.settle(index, missing)
 
-    def _produce(self, index: int, message: Message, flight: Flight, fatal: Fatal) -> None:
+    def _produce(
+        self, index: int, message: OutgoingRecord, flight: PendingSend, fatal: Fatal
+    ) -> None:
         callback = flight.report(index)
         while True:
             try:

@@ -88,7 +88,7 @@ class DecidedRecord:
 
 
 @dataclass(frozen=True)
-class Decision:
+class OperatorDecision:
     """One row of ``operator_decisions``."""
 
     id: int
@@ -249,7 +249,7 @@ class DecisionLog:
             raise translate(exc) from exc
         return {(t, p, o): Closed(d, action, who, at) for t, p, o, d, action, who, at in rows}
 
-    def recent(self, limit: int = 100) -> list[Decision]:
+    def recent(self, limit: int = 100) -> list[OperatorDecision]:
         """The newest ``limit`` decisions, newest first.
 
         Raises:
@@ -257,7 +257,7 @@ class DecisionLog:
         """
         return self._select("ORDER BY id DESC LIMIT %s", (limit,))
 
-    def get(self, decision: int) -> Decision | None:
+    def get(self, decision: int) -> OperatorDecision | None:
         """One decision by id, or ``None``.
 
         Raises:
@@ -265,11 +265,11 @@ class DecisionLog:
         """
         return next(iter(self._select("WHERE id = %s", (decision,))), None)
 
-    def _select(self, tail: str, params: tuple[Any, ...]) -> list[Decision]:
+    def _select(self, tail: str, params: tuple[Any, ...]) -> list[OperatorDecision]:
         query = sql.SQL("SELECT {} FROM {} ").format(sql.SQL(_COLUMNS), self._decisions)
         try:
             with self._connect() as conn:
                 rows = conn.execute(query + sql.SQL(tail), params).fetchall()
         except psycopg.Error as exc:
             raise translate(exc) from exc
-        return [Decision(*row) for row in rows]
+        return [OperatorDecision(*row) for row in rows]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kinbox.core.publisher import ACKED, Message, Outcome, Sending
+from kinbox.core.publisher import ACKED, Outcome, OutgoingRecord, Sending
 from kinbox.core.record import Record
 
 _UNREACHABLE = Outcome("broker unreachable", outage=True)
@@ -33,7 +33,7 @@ class FakePublisher:
         self.closed = False
         self._sendings: list[Sending] = []
 
-    def send(self, messages: Sequence[Message]) -> Sending:
+    def send(self, messages: Sequence[OutgoingRecord]) -> Sending:
         """See :meth:`~kinbox.core.publisher.Publisher.send`."""
         for topic, key, value, headers in messages:
             self.queued.append(Record(topic, 0, len(self.queued), key, value, list(headers)))

@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from kinbox.core.config import Settings
-from kinbox.core.publisher import Message, Publisher
+from kinbox.core.publisher import OutgoingRecord, Publisher
 from kinbox.core.record import Record
 from kinbox.core.transport import Transport
 from kinbox.kafka.consumer import KafkaTransport
@@ -137,7 +137,7 @@ class PublisherSide(Protocol):
     def read(self, topic: str) -> list[Sent]:
         """What reached ``topic``, in order."""
 
-    def doomed(self, topic: str) -> Message:
+    def doomed(self, topic: str) -> OutgoingRecord:
         """A message the broker will not take: the delivery holding it fails."""
 
 
@@ -156,9 +156,9 @@ class FakePublisherSide:
     def read(self, topic: str) -> list[Sent]:
         return [(r.key, r.value, list(r.headers)) for r in self.fake.acked if r.topic == topic]
 
-    def doomed(self, topic: str) -> Message:
+    def doomed(self, topic: str) -> OutgoingRecord:
         self.fake.fail_flushes += 1
-        return Message(topic, None, b"doomed", [])
+        return OutgoingRecord(topic, None, b"doomed", [])
 
 
 class KafkaPublisherSide:
@@ -197,7 +197,7 @@ class KafkaPublisherSide:
     def read(self, topic: str) -> list[Sent]:
         return [(r.key, r.value, list(r.headers)) for r in read_topic(self._bootstrap, topic)]
 
-    def doomed(self, topic: str) -> Message:
+    def doomed(self, topic: str) -> OutgoingRecord:
         # Under the client's own limit (1,000,000 bytes), over the topic's: the
         # client takes it and the broker refuses it (MESSAGE_TOO_LARGE).
-        return Message(topic, None, b"doomed" + b"x" * 10 * self.LIMIT, [])
+        return OutgoingRecord(topic, None, b"doomed" + b"x" * 10 * self.LIMIT, [])

@@ -11,22 +11,22 @@ from __future__ import annotations
 import pytest
 
 from kinbox.core.errors import TransportError
-from kinbox.core.publisher import ACKED, Message, deliver, wait
+from kinbox.core.publisher import ACKED, OutgoingRecord, deliver, wait
 from tests.contract.kafka_sides import PublisherSide
 
 
 def test_a_delivered_message_is_in_its_topic_as_sent(producer: PublisherSide) -> None:
     topic = producer.topic()
     headers: list[tuple[str, bytes | None]] = [("a", b"1"), ("none", None), ("a", b"2")]
-    deliver(producer.publisher, [Message(topic, b"key", b"value", headers)])
-    deliver(producer.publisher, [Message(topic, None, None, [])])
+    deliver(producer.publisher, [OutgoingRecord(topic, b"key", b"value", headers)])
+    deliver(producer.publisher, [OutgoingRecord(topic, None, None, [])])
     assert producer.read(topic) == [(b"key", b"value", headers), (None, None, [])]
 
 
 def test_every_message_sent_gets_its_outcome_once(producer: PublisherSide) -> None:
     topic = producer.topic()
     sending = producer.publisher.send(
-        [Message(topic, b"a", b"1", []), Message(topic, b"b", b"2", [])]
+        [OutgoingRecord(topic, b"a", b"1", []), OutgoingRecord(topic, b"b", b"2", [])]
     )
     assert wait(producer.publisher, sending) == [ACKED, ACKED]
     assert sorted(sending.known) == [0, 1] and sending.done
@@ -41,7 +41,7 @@ def test_a_delivery_the_broker_refuses_raises_and_counts_nothing_as_delivered(
 ) -> None:
     # Given a delivery holding a good message and one the broker will not take
     topic = producer.topic()
-    good = Message(topic, None, b"good", [])
+    good = OutgoingRecord(topic, None, b"good", [])
     # When it is delivered, it fails
     with pytest.raises(TransportError) as failed:
         deliver(producer.publisher, [good, producer.doomed(topic)])
@@ -59,7 +59,7 @@ def test_a_delivery_the_broker_refuses_raises_and_counts_nothing_as_delivered(
 def test_a_message_over_the_clients_own_limit_is_refused_at_send(producer: PublisherSide) -> None:
     if producer.name == "fake":
         pytest.skip("FakePublisher has no size limit: it takes any message at send()")
-    big = Message(producer.topic(), None, b"x" * 2_000_000, [])
+    big = OutgoingRecord(producer.topic(), None, b"x" * 2_000_000, [])
     [refused] = producer.publisher.send([big]).outcomes
     assert refused is not None and not refused.ok and not refused.outage
     assert "MSG_SIZE_TOO_LARGE" in (refused.error or "")

@@ -24,7 +24,7 @@ from psycopg import sql
 
 from kinbox.core.config import Settings
 from kinbox.core.errors import TransportError
-from kinbox.core.publisher import Message, deliver
+from kinbox.core.publisher import OutgoingRecord, deliver
 from kinbox.devstack.stack import Stack
 from kinbox.kafka import dead_letter_publisher, read_topic
 from producer_outbox.producer import producer_config, relay_publisher
@@ -66,13 +66,13 @@ def test_dead_letter_publisher_replaces_the_producer_that_went_fatal(
             caplog.at_level(logging.ERROR, logger="kinbox.kafka.publisher"),
             pytest.raises(TransportError) as failed,
         ):
-            deliver(publisher, [Message(small, None, b"x" * (3 * LIMIT), [])])
+            deliver(publisher, [OutgoingRecord(small, None, b"x" * (3 * LIMIT), [])])
         # Then the delivery fails as something to retry, and the producer is new
         assert failed.value.retriable, failed.value
         assert "dead-letter producer failed fatally" in caplog.text and "GAPLESS" in caplog.text
         assert publisher.replaced == 1
         # And the new producer publishes (the old one refuses everything with _FATAL)
-        deliver(publisher, [Message(fine, b"k", b"after", [("event-id", b"e1")])])
+        deliver(publisher, [OutgoingRecord(fine, b"k", b"after", [("event-id", b"e1")])])
     finally:
         publisher.close()
     [record] = list(read_topic(config, fine, timeout=5))

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from kinbox.core.publisher import Message, Outcome, Sending
+from kinbox.core.publisher import Outcome, OutgoingRecord, Sending
 from kinbox.devstack.stack import Stack
 from kinbox.kafka.publisher import KafkaPublisher
 from producer_outbox.claim import claim
@@ -52,12 +52,12 @@ class Holding:
     def __init__(self, inner: KafkaPublisher, keys: set[str]) -> None:
         self.inner = inner
         self.keys = {key.encode() for key in keys}
-        self.held: list[tuple[Sending, int, Message]] = []
+        self.held: list[tuple[Sending, int, OutgoingRecord]] = []
         # (the inner sending, the relay's, the relay's index of each inner record)
         self._copies: list[tuple[Sending, Sending, list[int]]] = []
         self._lock = threading.Lock()  # the relay's thread sends, the test releases
 
-    def send(self, records: Sequence[Message]) -> Sending:
+    def send(self, records: Sequence[OutgoingRecord]) -> Sending:
         outer = Sending(len(records))
         with self._lock:
             going = [i for i, r in enumerate(records) if r.key not in self.keys]
@@ -93,7 +93,7 @@ class Holding:
     def close(self) -> None:
         self.inner.close()
 
-    def _forward(self, outer: Sending, records: list[Message], indexes: list[int]) -> None:
+    def _forward(self, outer: Sending, records: list[OutgoingRecord], indexes: list[int]) -> None:
         self._copies.append((self.inner.send(records), outer, indexes))
 
 

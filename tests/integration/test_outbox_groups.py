@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from psycopg import sql
 
-from kinbox.core.publisher import Message, Sending
+from kinbox.core.publisher import OutgoingRecord, Sending
 from kinbox.devstack.stack import Stack
 from kinbox.kafka.publisher import KafkaPublisher
 from producer_outbox.producer import producer_config, relay_publisher
@@ -62,7 +62,7 @@ class RecordingPublisher:
         self.inner, self.log, self.number, self.groups = inner, log, number, groups
         self.siblings: list[RecordingPublisher] = []
 
-    def send(self, records: Sequence[Message]) -> Sending:
+    def send(self, records: Sequence[OutgoingRecord]) -> Sending:
         """Publish ``records`` and wait for their outcomes: sent one batch at a time."""
         with self.log.lock:
             for record in records:

@@ -14,8 +14,8 @@ from kinbox.bench import command, report
 from kinbox.bench.cdc import Arrival, check_backlog
 from kinbox.bench.command import bench
 from kinbox.bench.contenders import CONTENDERS
-from kinbox.bench.effects import CheckFailed, Tally, gap, redelivered
-from kinbox.bench.harness import Outcome, rotated
+from kinbox.bench.effects import CheckFailed, EffectTally, gap, redelivered
+from kinbox.bench.harness import BenchResult, rotated
 from kinbox.bench.progress import Bar
 from kinbox.bench.resources import Interrupted
 from kinbox.bench.results import RunResult, summarise
@@ -76,20 +76,20 @@ def test_sizes_refuse_an_unknown_kind_of_event_id() -> None:
 
 
 def test_exactly_once_check() -> None:
-    assert Tally(10, 10).check(10, exactly_once=True) == 0
+    assert EffectTally(10, 10).check(10, exactly_once=True) == 0
     with pytest.raises(CheckFailed, match="duplicate effects"):
-        Tally(11, 10).check(10, exactly_once=True)
+        EffectTally(11, 10).check(10, exactly_once=True)
     with pytest.raises(CheckFailed, match="have no effect"):
-        Tally(9, 9).check(10, exactly_once=True)
+        EffectTally(9, 9).check(10, exactly_once=True)
     # Applied twice and missing once: as many rows as events, still wrong.
     with pytest.raises(CheckFailed, match="have no effect"):
-        Tally(10, 9).check(10, exactly_once=True)
+        EffectTally(10, 9).check(10, exactly_once=True)
 
 
 def test_at_least_once_check_counts_duplicates_applied() -> None:
-    assert Tally(13, 10).check(10, exactly_once=False) == 3
+    assert EffectTally(13, 10).check(10, exactly_once=False) == 3
     with pytest.raises(CheckFailed, match="have no effect"):
-        Tally(13, 9).check(10, exactly_once=False)
+        EffectTally(13, 9).check(10, exactly_once=False)
 
 
 def test_redelivered_gap_is_the_database_frontier_past_the_committed_offsets() -> None:
@@ -163,7 +163,7 @@ def test_a_failed_run_leaves_no_figure_and_the_report_says_failed() -> None:
     summaries = {s.contender: s for s in summarise(runs)}
     assert summaries["kinbox-batch"].rate is None and not summaries["kinbox-batch"].ok
     assert not summaries["inbox-off"].comparable
-    outcome = Outcome(results=runs)
+    outcome = BenchResult(results=runs)
     data = {
         "header": {"kafka": "4", "postgresql": {"version": "15", "fsync": "on",
                    "synchronous_commit": "on"}, "librdkafka": "2", "confluent_kafka": "2",
@@ -259,7 +259,7 @@ def test_report_names_the_cdc_runs_and_says_when_it_was_skipped() -> None:
                    "python": "3", "faststream": "0.7", "cores": 2},
         "headline": headline,
     }  # fmt: skip
-    text = report.markdown(data, Outcome(results=runs, skipped=[NO_CONNECT]))
+    text = report.markdown(data, BenchResult(results=runs, skipped=[NO_CONNECT]))
     assert "outbox via Debezium, backlog" in text and "COMMIT → consumer, Debezium" in text
     assert "--connect-url" in text
 

@@ -18,8 +18,8 @@ from starlette.testclient import TestClient
 from kinbox.console import charts, preview
 from kinbox.console.app import CSP, create_app
 from kinbox.console.auth import COOKIE, Gate, safe_next
-from kinbox.console.decide import Outcome
-from kinbox.console.fingerprint import Cause, cause, is_fingerprint, normalise
+from kinbox.console.decide import ActionResult
+from kinbox.console.fingerprint import LetterCause, cause, is_fingerprint, normalise
 from kinbox.console.parked import ParkedKey, ParkedKeys
 from kinbox.console.redact import Scrubber
 from kinbox.console.settings import ConsoleSettings
@@ -55,7 +55,7 @@ def test_a_cause_ignores_the_data_its_reason_quotes_but_not_its_handler() -> Non
     import hashlib
 
     expected = hashlib.sha256(b"r\x1fT\x1fg\x1ft").hexdigest()[:16]
-    assert Cause("r", "T", "g", "t").fingerprint == expected
+    assert LetterCause("r", "T", "g", "t").fingerprint == expected
     assert normalise("id 0b5c4a2e-7f3e-4a57-9d2c-1f1e0e6c9a11 at 3f9a0c1d2e") == "id <id> at <hex>"
     assert cause(Record("x.dlq", 0, 1, None, None, [("a", b"b")])) is None  # not a dead letter
 
@@ -147,9 +147,9 @@ class FakeActions:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
 
-    def release_key(self, operator: str, group: str, topic: str, key: str) -> Outcome:
+    def release_key(self, operator: str, group: str, topic: str, key: str) -> ActionResult:
         self.calls.append((operator, group, topic, key))
-        return Outcome(41, True, "released 3 parked event(s)")
+        return ActionResult(41, True, "released 3 parked event(s)")
 
 
 def client(allow_actions: bool) -> tuple[TestClient, FakeActions]:

@@ -21,7 +21,7 @@ from kinbox.cli.main import EXIT_CONFIG, EXIT_FATAL, main
 from kinbox.cli.support import guard
 from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError, FatalTransportError, TransportError
-from kinbox.core.publisher import Message, deliver
+from kinbox.core.publisher import OutgoingRecord, deliver
 from kinbox.kafka.errors import (
     ClientLog,
     broken,
@@ -212,7 +212,7 @@ class Factory:
         return producer
 
 
-LETTER = Message("t.dlq", None, b"v", [])
+LETTER = OutgoingRecord("t.dlq", None, b"v", [])
 
 
 def dlq_publisher(factory: Factory) -> KafkaPublisher:
@@ -261,7 +261,11 @@ def relay(factory: Factory) -> KafkaPublisher:
     return relay_publisher(config, factory=factory, admin_factory=None)
 
 
-RECORDS = [Message("t", b"a", b"1", []), Message("t", b"b", b"2", []), Message("u", b"c", b"3", [])]
+RECORDS = [
+    OutgoingRecord("t", b"a", b"1", []),
+    OutgoingRecord("t", b"b", b"2", []),
+    OutgoingRecord("u", b"c", b"3", []),
+]
 
 
 @pytest.mark.parametrize(

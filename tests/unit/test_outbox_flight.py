@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from kinbox.core.publisher import ACKED, Outcome, Sending
-from producer_outbox.flight import InFlight
+from producer_outbox.flight import RowsInFlight
 from producer_outbox.records import OutboxRow
 
 pytestmark = pytest.mark.unit
@@ -21,7 +21,7 @@ def _row(key: str | None, topic: str = "t", lane: int = 0, attempts: int = 0) ->
 
 def test_a_key_settles_once_each_of_its_rows_has_its_outcome_and_alone() -> None:
     # Given one send of rows of keys a (twice), b, and a keyless row
-    flights = InFlight()
+    flights = RowsInFlight()
     rows = [_row("a", lane=1), _row("b", lane=2), _row("a", topic="u", lane=1), _row(None, lane=3)]
     sending = Sending(len(rows))
     flights.add(rows, sending, epoch=1, started=0.0)
@@ -51,7 +51,7 @@ def test_a_key_settles_once_each_of_its_rows_has_its_outcome_and_alone() -> None
 
 
 def test_a_row_that_waits_for_its_topics_slot_holds_its_key_until_the_slot_frees() -> None:
-    flights = InFlight()
+    flights = RowsInFlight()
     alone, waiting = _row("a", attempts=1), _row("b", attempts=1)
     keyless = _row(None, attempts=1)
     sending = Sending(1)
@@ -67,7 +67,7 @@ def test_a_row_that_waits_for_its_topics_slot_holds_its_key_until_the_slot_frees
 
 
 def test_a_topic_is_slow_while_a_row_sent_before_the_mark_has_no_outcome() -> None:
-    flights = InFlight()
+    flights = RowsInFlight()
     old, new = Sending(1), Sending(1)
     flights.add([_row("a", topic="stuck")], old, epoch=1, started=1.0)
     flights.add([_row("b", topic="fine")], new, epoch=1, started=5.0)

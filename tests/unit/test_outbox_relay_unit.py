@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from kinbox.core.errors import ConfigurationError
-from kinbox.core.publisher import ACKED, HELD, Message, Sending
+from kinbox.core.publisher import ACKED, HELD, OutgoingRecord, Sending
 from kinbox.kafka.publisher import KafkaPublisher
 from producer_outbox.config import RelayConfig
 from producer_outbox.lane_locks import group_target
@@ -80,7 +80,7 @@ def test_unreachable_broker_is_an_outage_not_a_bad_record() -> None:
     publisher = relay_publisher(
         producer_config("127.0.0.1:1", {"message.timeout.ms": "300", "log_level": "0"})
     )
-    (outcome,) = publisher.publish([Message("t", b"k", b"v", [])])
+    (outcome,) = publisher.publish([OutgoingRecord("t", b"k", b"v", [])])
     assert not outcome.ok and outcome.outage
 
 
@@ -92,10 +92,10 @@ def test_refused_record_holds_back_later_records_of_its_key() -> None:
         )
     )
     big, same_key, same_key_elsewhere, other = (
-        Message("t", b"k", b"x" * 5000, []),
-        Message("t", b"k", b"v", []),
-        Message("t2", b"k", b"v", []),
-        Message("t", b"o", b"x" * 5000, []),
+        OutgoingRecord("t", b"k", b"x" * 5000, []),
+        OutgoingRecord("t", b"k", b"v", []),
+        OutgoingRecord("t2", b"k", b"v", []),
+        OutgoingRecord("t", b"o", b"x" * 5000, []),
     )
     outcomes = publisher.publish([big, same_key, same_key_elsewhere, other])
     assert not outcomes[0].outage and "SIZE" in (outcomes[0].error or "")
@@ -136,8 +136,8 @@ def test_a_topic_the_cluster_does_not_answer_about_is_not_asked_about_at_every_s
 
     publisher = relay_publisher(producer_config("b:9092", {}), factory=factory, admin_factory=None)
     # When two sends go to that topic
-    first = publisher.publish([Message("t", b"k", b"1", [])])
-    second = publisher.publish([Message("t", b"o", b"2", [])])
+    first = publisher.publish([OutgoingRecord("t", b"k", b"1", [])])
+    second = publisher.publish([OutgoingRecord("t", b"o", b"2", [])])
     # Then both are delivered, and the group waited for the question only once
     assert first == second == [ACKED]
     assert made[0].asked == ["t"]
@@ -145,7 +145,7 @@ def test_a_topic_the_cluster_does_not_answer_about_is_not_asked_about_at_every_s
 
 def test_relay_runs_lane_groups_only_with_a_publisher_that_has_siblings() -> None:
     class Plain:
-        def send(self, messages: Sequence[Message]) -> Sending:
+        def send(self, messages: Sequence[OutgoingRecord]) -> Sending:
             raise AssertionError("not called")
 
         def serve(self, timeout: float) -> None:

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NoOpTracerProvider, SpanKind
 
-from kinbox.core.publisher import ACKED, Message, Outcome
+from kinbox.core.publisher import ACKED, Outcome, OutgoingRecord
 from producer_outbox import trace_context
 from producer_outbox.outbox_status import Backlog
 from producer_outbox.records import OutboxRow, row_from_db, to_record
@@ -33,9 +33,9 @@ class Publisher:
 
     def __init__(self, refuse: str = "") -> None:
         self.refuse = refuse
-        self.published: list[Message] = []
+        self.published: list[OutgoingRecord] = []
 
-    def publish(self, records: Sequence[Message]) -> list[Outcome]:
+    def publish(self, records: Sequence[OutgoingRecord]) -> list[Outcome]:
         self.published += records
         return [
             Outcome("MSG_SIZE_TOO_LARGE: too big") if r.topic == self.refuse else ACKED
@@ -65,7 +65,7 @@ def traceparent_of(context: trace.SpanContext) -> str:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
 
-def headers(record: Message) -> dict[str, bytes | None]:
+def headers(record: OutgoingRecord) -> dict[str, bytes | None]:
     return dict(record.headers)
 
 
