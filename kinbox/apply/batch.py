@@ -98,11 +98,12 @@ from kinbox.apply.skim import NOTHING, Skim, look_up
 from kinbox.core.errors import ConflictError, EnvelopeError, StoreError, TransportError
 from kinbox.core.event import Event
 from kinbox.core.failpoints import failpoint
-from kinbox.core.inbox import InboxStore, InboxTransaction
+from kinbox.core.inbox import InboxStore
 from kinbox.core.letter import INVALID_ID, Letter, is_replay
 from kinbox.core.outcome import BatchResult, Failure, Step
 from kinbox.core.publisher import OutgoingRecord, Publisher, Sending, deliver
 from kinbox.core.record import Record
+from kinbox.core.steps import CheckDeferred, Claim, DeadLetterRow, Seen, Steps
 from kinbox.core.transport import ValueReader
 from kinbox.middleware.base import Chain, Middleware
 
@@ -330,63 +331,76 @@ class BatchProcessor:
                 return Tally(0, skimmed, [])
             events = left
         route = self._routes[events[0].topic]
-        letters: list[Letter] = []
-        claimed = False  # the claim is done: a conflict now is the handlers' or COMMIT's
-        ready = False  # the body ran to its end: a StoreError now is COMMIT's
-        committing = 0  # when COMMIT began (time.time_ns), for after_step
+        done = _Done()
         try:
-            with self._stores[route.topic].transaction() as tx:
-                fresh = self._claim(tx, events)
-                claimed = True
-                runnable = []
-                for event in fresh:
-                    error = plan.invalid.get(event.offset)
-                    if error is None:
-                        runnable.append(event)
-                    else:
-                        letters.append(
-                            self._dispatcher.letter(route, records, event, INVALID_ID, error)
-                        )
-                letters += self._dispatcher.run(
-                    tx, route, records, runnable, plan.verdicts,
-                    pipelined=plan.pipelined, retry_conflict=plan.retries_conflict,
-                )  # fmt: skip
-                if letters:
-                    letters.sort(key=lambda item: item.record.offset)
-                    self._record(tx, fresh, letters, plan)
-                    unsent = [x for x in letters if x.record.offset not in plan.delivered]
-                    if unsent:
-                        # The dead letters must be acknowledged before COMMIT
-                        # records them (and so before the offset can move),
-                        # and no transaction may wait on the broker: roll back,
-                        # and let the settlement send them and redo this. The
-                        # checks COMMIT would run are run first, so a refused
-                        # COMMIT is found before the broker has them.
-                        self._check_deferred(tx)
-                        raise Unsent(unsent)
-                failpoint("before_db_commit")
-                ready = True
-                committing = self._now()
+            self._stores[route.topic].run(
+                partial(self._transaction, done, route, records, events, plan)
+            )
         except ConflictError as exc:
             # Kinbox's own statement or COMMIT: the handlers' conflicts come
             # as Conflicted, or, past the bound, as their events' failures.
-            if ready:
-                self._step("commit", events[0], events, committing, error=exc)
+            if done.ready:
+                self._step("commit", events[0], events, done.committing, error=exc)
             if plan.retries_conflict(None):
                 raise Conflicted(exc) from exc
-            if claimed:
+            if done.claimed:
                 # COMMIT, or the deferred checks it runs: pinned on an event.
                 raise Refused("commit", exc) from exc
             raise  # the claim's: it waits for the other claim of its ids
         except StoreError as exc:
-            if ready:
-                self._step("commit", events[0], events, committing, error=exc)
+            if done.ready:
+                self._step("commit", events[0], events, done.committing, error=exc)
                 if not exc.transient:
                     raise Refused("commit", exc) from exc
             raise
-        self._step("commit", events[0], fresh, committing)
+        fresh, letters = done.fresh, done.letters
+        self._step("commit", events[0], fresh, done.committing)
         failpoint("after_db_commit")
         return Tally(len(fresh) - len(letters), len(events) - len(fresh) + skimmed, letters)
+
+    def _transaction(
+        self,
+        done: _Done,
+        route: Route,
+        records: Mapping[int, Record],
+        events: list[Event],
+        plan: Plan,
+        tx: Seen,
+    ) -> Steps[None]:
+        """The body of :meth:`_apply`'s transaction: claim, handlers, dead letters.
+
+        ``done`` says how far it got, for what the store raises.
+        """
+        fresh = done.fresh = yield from self._claim(events)
+        done.claimed = True
+        letters = done.letters
+        runnable = []
+        for event in fresh:
+            error = plan.invalid.get(event.offset)
+            if error is None:
+                runnable.append(event)
+            else:
+                letters.append(self._dispatcher.letter(route, records, event, INVALID_ID, error))
+        letters += yield from self._dispatcher.run(
+            tx, route, records, runnable, plan.verdicts,
+            pipelined=plan.pipelined, retry_conflict=plan.retries_conflict,
+        )  # fmt: skip
+        if letters:
+            letters.sort(key=lambda item: item.record.offset)
+            yield from self._record(fresh, letters, plan)
+            unsent = [x for x in letters if x.record.offset not in plan.delivered]
+            if unsent:
+                # The dead letters must be acknowledged before COMMIT
+                # records them (and so before the offset can move),
+                # and no transaction may wait on the broker: roll back,
+                # and let the settlement send them and redo this. The
+                # checks COMMIT would run are run first, so a refused
+                # COMMIT is found before the broker has them.
+                yield from self._check_deferred()
+                raise Unsent(unsent)
+        failpoint("before_db_commit")
+        done.ready = True
+        done.committing = self._now()
 
     def _now(self) -> int:
         # Only timed when a middleware listens: the claim and COMMIT are per
@@ -428,11 +442,11 @@ class BatchProcessor:
             raise Undeliverable(letters[0], exc) from exc
         failpoint("after_dead_letter_ack")
 
-    def _claim(self, tx: InboxTransaction, events: list[Event]) -> list[Event]:
+    def _claim(self, events: list[Event]) -> Steps[list[Event]]:
         reclaim = {e.id for e in events if is_replay(e.headers)}
         started = self._now()
         try:
-            fresh = tx.claim(events, reclaim)
+            fresh: list[Event] = yield Claim(events, reclaim)
         except StoreError as exc:
             self._step("claim", events[0], events, started, error=exc)
             if exc.transient:
@@ -441,9 +455,7 @@ class BatchProcessor:
         self._step("claim", events[0], events, started, fresh)
         return fresh
 
-    def _record(
-        self, tx: InboxTransaction, fresh: list[Event], letters: list[Letter], plan: Plan
-    ) -> None:
+    def _record(self, fresh: list[Event], letters: list[Letter], plan: Plan) -> Steps[None]:
         """Mark the dead letters' rows ``dead_lettered``, with the reason (or its bare code)."""
         by_offset = {e.offset: e for e in fresh}
         for letter in letters:
@@ -451,16 +463,30 @@ class BatchProcessor:
             bare = event.offset in plan.bare
             reason = letter.reason.partition(":")[0] if bare else letter.summary
             try:
-                tx.dead_letter(event, reason)
+                yield DeadLetterRow(event, reason)
             except StoreError as exc:
                 if exc.transient:
                     raise
                 raise Refused("record", exc, event) from exc
 
-    def _check_deferred(self, tx: InboxTransaction) -> None:
+    def _check_deferred(self) -> Steps[None]:
         try:
-            tx.check_deferred()
+            yield CheckDeferred()
         except StoreError as exc:
             if exc.transient:
                 raise
             raise Refused("commit", exc) from exc
+
+
+@dataclasses.dataclass
+class _Done:
+    """How far one transaction's body got, for what its store then raises."""
+
+    claimed: bool = False
+    """The claim is done: a conflict now is the handlers' or COMMIT's."""
+    ready: bool = False
+    """The body ran to its end: a StoreError now is COMMIT's."""
+    committing: int = 0
+    """When COMMIT began (time.time_ns), for after_step."""
+    fresh: list[Event] = dataclasses.field(default_factory=list)
+    letters: list[Letter] = dataclasses.field(default_factory=list)

@@ -64,7 +64,6 @@ from kinbox.core import cause
 from kinbox.core.describe import text
 from kinbox.core.errors import DeadLetter, InvalidPayload, Retry
 from kinbox.core.event import Event
-from kinbox.core.inbox import InboxTransaction
 from kinbox.core.letter import (
     HANDLER_ERROR,
     INVALID_ID,
@@ -75,6 +74,7 @@ from kinbox.core.letter import (
 )
 from kinbox.core.outcome import Verdict
 from kinbox.core.record import Record
+from kinbox.core.steps import Seen, Steps
 from kinbox.middleware.base import Chain
 
 
@@ -96,7 +96,7 @@ class Dispatcher:
 
     def run(
         self,
-        tx: InboxTransaction,
+        tx: Seen,
         route: Route,
         records: Mapping[int, Record],
         events: list[Event],
@@ -104,11 +104,11 @@ class Dispatcher:
         *,
         pipelined: bool = False,
         retry_conflict: Callable[[Event], bool] = lambda _event: True,
-    ) -> list[Letter]:
-        """Run ``route``'s handler over ``events`` in ``tx``; return the dead letters to record.
+    ) -> Steps[list[Letter]]:
+        """The steps that run ``route``'s handler over ``events``; they return the dead letters.
 
         Args:
-            tx: the open inbox transaction.
+            tx: what the program sees of the open inbox transaction.
             route: the topic's handler.
             records: the batch's records by offset, for dead letters.
             events: the fresh events to run, in offset order.
@@ -137,7 +137,7 @@ class Dispatcher:
                 runnable.append(event)
             else:
                 calls.dead_letter(event, verdict.reason, verdict.error)
-        route.kind.run(calls, runnable, careful=bool(verdicts), pipelined=pipelined)
+        yield from route.kind.run(calls, runnable, careful=bool(verdicts), pipelined=pipelined)
         return calls.letters
 
     def letter(
@@ -160,7 +160,7 @@ class Dispatcher:
 
     def permanent(
         self,
-        tx: InboxTransaction,
+        tx: Seen,
         route: Route,
         exc: Exception,
         event: Event,
@@ -199,7 +199,7 @@ class _Calls:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        tx: InboxTransaction,
+        tx: Seen,
         route: Route,
         records: Mapping[int, Record],
         retry_conflict: Callable[[Event], bool],
@@ -212,7 +212,7 @@ class _Calls:
         self.letters: list[Letter] = []
 
     @property
-    def tx(self) -> InboxTransaction:
+    def tx(self) -> Seen:
         return self._tx
 
     @property

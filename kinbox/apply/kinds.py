@@ -47,6 +47,7 @@ from kinbox.core.errors import ExitRequested, HandlerAborted, WorkerExit
 from kinbox.core.event import Event
 from kinbox.core.inbox import Awaiting, InboxStore, async_store
 from kinbox.core.outcome import Verdict
+from kinbox.core.steps import Call, Guard, Settle, Steps, pipelined
 from kinbox.core.transport import ValueReader
 from kinbox.params.wrap import Prepared
 
@@ -95,36 +96,41 @@ class EachEvent(_Kind):
 
     def run(
         self, calls: Calls, events: list[Event], *, careful: bool, pipelined: bool = False
-    ) -> None:
+    ) -> Steps[None]:
         """See :meth:`HandlerKind.run`."""
         if pipelined and self._pipelines and not careful and events:
-            self._pipelined(calls, events)
+            yield from self._pipelined(calls, events)
             return
         for event in events:
             if careful:
-                self._careful(calls, event)
+                yield from self._careful(calls, event)
             else:
-                self._optimistic(calls, event)
+                yield from self._optimistic(calls, event)
 
-    def _call(self, calls: Calls, event: Event) -> None:
-        connection = calls.tx.connection
-        calls.around_event(event, lambda e: _called(self._fn, e, connection))
+    def _call(self, calls: Calls, event: Event, guard: Guard) -> Call:
+        fn = self._fn
+        return Call(
+            lambda connection: calls.around_event(event, lambda e: _called(fn, e, connection)),
+            guard,
+        )
 
-    def _pipelined(self, calls: Calls, events: list[Event]) -> None:
+    def _pipelined(self, calls: Calls, events: list[Event]) -> Steps[None]:
         own: tuple[Event, Exception] | None = None
+
+        def body() -> Steps[tuple[Event, Exception] | None]:
+            for event in events:
+                try:
+                    yield self._call(calls, event, "unguarded")
+                except Exception as exc:
+                    if not (yield Settle()):
+                        raise  # some statement failed, maybe an earlier event's
+                    # Every statement so far succeeded: the handler's own
+                    # exception, judged as on the plain pass.
+                    return (event, exc)
+            return None
+
         try:
-            with calls.tx.pipelined() as settle:
-                for event in events:
-                    try:
-                        with calls.tx.unguarded():
-                            self._call(calls, event)
-                    except Exception as exc:
-                        if not settle():
-                            raise  # some statement failed, maybe an earlier event's
-                        # Every statement so far succeeded: the handler's own
-                        # exception, judged as on the plain pass.
-                        own = (event, exc)
-                        break
+            own = yield from pipelined(body())
         except Exception as exc:
             outage = calls.tx.outage(exc)
             if outage is not None:
@@ -133,10 +139,9 @@ class EachEvent(_Kind):
         if own is not None:
             self._judge(calls, *own)
 
-    def _optimistic(self, calls: Calls, event: Event) -> None:
+    def _optimistic(self, calls: Calls, event: Event) -> Steps[None]:
         try:
-            with calls.tx.unguarded():
-                self._call(calls, event)
+            yield self._call(calls, event, "unguarded")
         except Exception as exc:
             self._judge(calls, event, exc)
 
@@ -147,10 +152,9 @@ class EachEvent(_Kind):
             raise HandlerFailed(event, exc) from exc
         raise Abandoned(event, Verdict(reason, exc)) from exc
 
-    def _careful(self, calls: Calls, event: Event) -> None:
+    def _careful(self, calls: Calls, event: Event) -> Steps[None]:
         try:
-            with calls.tx.savepoint():
-                self._call(calls, event)
+            yield self._call(calls, event, "savepoint")
         except Exception as exc:
             reason = calls.permanent(exc, event)
             if reason is None:
@@ -175,7 +179,7 @@ class WholeBatch(_Kind):
 
     def run(
         self, calls: Calls, events: list[Event], *, careful: bool, pipelined: bool = False
-    ) -> None:
+    ) -> Steps[None]:
         """See :meth:`HandlerKind.run` (one call needs no pipeline: ``pipelined`` is ignored)."""
         if not events:
             return
@@ -183,24 +187,27 @@ class WholeBatch(_Kind):
         # partition there, so the next batch starts with it.
         attempt = events[0].attempt
         try:
-            with calls.tx.savepoint():
-                self._call(calls, events)
+            yield self._call(calls, events)
             return
         except Exception as exc:
             if calls.permanent(exc, events[0]) is None:
                 raise HandlerFailed(events[0], exc) from exc
         for event in events:
             try:
-                with calls.tx.savepoint():
-                    self._call(calls, [event])
+                yield self._call(calls, [event])
             except Exception as exc:
                 reason = calls.permanent(exc, event, max(attempt, calls.limit))
                 assert reason is not None
                 calls.dead_letter(event, reason, exc)
 
-    def _call(self, calls: Calls, events: list[Event]) -> None:
-        connection = calls.tx.connection
-        calls.around_events(events, lambda evs: _called(self._fn, list(evs), connection))
+    def _call(self, calls: Calls, events: list[Event]) -> Call:
+        fn = self._fn
+        return Call(
+            lambda connection: calls.around_events(
+                events, lambda evs: _called(fn, list(evs), connection)
+            ),
+            "savepoint",
+        )
 
     def pick_store(self, store: InboxStore) -> InboxStore:
         """See :meth:`HandlerKind.pick_store`: ``store`` itself."""
@@ -217,14 +224,17 @@ class AwaitedEachEvent(EachEvent):
         """See :meth:`HandlerKind.pick_store`: the inbox on an async connection."""
         return async_store(store)
 
-    def _call(self, calls: Calls, event: Event) -> None:
+    def _call(self, calls: Calls, event: Event, guard: Guard) -> Call:
+        fn = self._fn
         tx = cast(Awaiting, calls.tx)  # pick_store chose a store whose transactions are
-        connection = tx.connection
 
-        def call(e: Event) -> object:
-            return tx.wait(_exits_kept(_awaitable(self._fn(e, connection)), e))
+        def run(connection: Any) -> object:
+            def call(e: Event) -> object:
+                return tx.wait(_exits_kept(_awaitable(fn(e, connection)), e))
 
-        calls.around_event(event, lambda e: _called(call, e))
+            return calls.around_event(event, lambda e: _called(call, e))
+
+        return Call(run, guard)
 
 
 class AwaitedWholeBatch(WholeBatch):
@@ -237,14 +247,17 @@ class AwaitedWholeBatch(WholeBatch):
         """See :meth:`HandlerKind.pick_store`: the inbox on an async connection."""
         return async_store(store)
 
-    def _call(self, calls: Calls, events: list[Event]) -> None:
+    def _call(self, calls: Calls, events: list[Event]) -> Call:
+        fn = self._fn
         tx = cast(Awaiting, calls.tx)
-        connection = tx.connection
 
-        def call(evs: list[Event]) -> object:
-            return tx.wait(_exits_kept(_awaitable(self._fn(evs, connection)), evs))
+        def run(connection: Any) -> object:
+            def call(evs: list[Event]) -> object:
+                return tx.wait(_exits_kept(_awaitable(fn(evs, connection)), evs))
 
-        calls.around_events(events, lambda evs: _called(call, list(evs)))
+            return calls.around_events(events, lambda evs: _called(call, list(evs)))
+
+        return Call(run, "savepoint")
 
 
 def _awaitable(result: object) -> Awaitable[object]:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kinbox.core.event import Event
 
 if TYPE_CHECKING:
-    from kinbox.core.inbox import InboxStore, InboxTransaction
+    from kinbox.core.inbox import InboxStore
+    from kinbox.core.steps import Seen, Steps
     from kinbox.core.transport import ValueReader
 
 EventHandler = Callable[[Event, Any], object]
@@ -30,8 +31,8 @@ class Calls(Protocol):
     """What a :class:`HandlerKind` may do in one inbox transaction; the dispatcher provides it."""
 
     @property
-    def tx(self) -> InboxTransaction:
-        """The open transaction: its savepoints and its connection, which handlers get."""
+    def tx(self) -> Seen:
+        """What the kind sees of the open transaction: the connection handlers get."""
 
     @property
     def limit(self) -> int:
@@ -77,8 +78,11 @@ class HandlerKind(Protocol):
 
     def run(
         self, calls: Calls, events: list[Event], *, careful: bool, pipelined: bool = False
-    ) -> None:
-        """Call the function over ``events`` (in offset order).
+    ) -> Steps[None]:
+        """The steps that call the function over ``events`` (in offset order).
+
+        Each call is a :class:`~kinbox.core.steps.Call` step, under a
+        savepoint or none, or inside a pipelined block.
 
         Raises:
             HandlerFailed: a call failed and the event will be tried again.

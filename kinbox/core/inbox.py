@@ -27,10 +27,23 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from kinbox.core.errors import ConfigurationError
+from kinbox.core.steps import (
+    Call,
+    CheckDeferred,
+    Claim,
+    DeadLetterRow,
+    OpenPipeline,
+    Program,
+    Settle,
+    Step,
+    Stepper,
+)
 
 if TYPE_CHECKING:
     from kinbox.core.errors import ConflictError, StoreError
     from kinbox.core.event import Event
+
+T = TypeVar("T")
 
 
 class InboxTransaction(Protocol):
@@ -139,8 +152,11 @@ class InboxTransaction(Protocol):
 class InboxStore(Protocol):
     """Where the inbox keeps ``processed_events``."""
 
-    def transaction(self) -> AbstractContextManager[InboxTransaction]:
-        """Open a transaction; it commits when the block exits normally.
+    def run(self, program: Program[T]) -> T:
+        """Run ``program`` (:mod:`kinbox.core.steps`) in a transaction; return its result.
+
+        The transaction commits when the program returns, and rolls back
+        when it raises (what it raised passes through).
 
         Raises:
             StoreError: from the database (``transient`` says whether to retry).
@@ -178,9 +194,6 @@ def first_occurrences(events: Sequence[Event]) -> list[Event]:
             seen.add(event.id)
             out.append(event)
     return out
-
-
-T = TypeVar("T")
 
 
 @runtime_checkable
@@ -250,3 +263,60 @@ def session_opener(store: InboxStore, session_class: type) -> Callable[[Invoke],
         f"a handler that takes a {session_class.__name__} needs an inbox store that opens "
         f"sessions; {store!r} does not (it has no sessions())"
     )
+
+
+def drive(program: Program[T], tx: InboxTransaction, wait: Callable[[Any], Any] | None = None) -> T:
+    """Run ``program`` in ``tx``, each step on the calling thread; return its result.
+
+    ``wait`` runs an awaiting :class:`Call`'s awaitable to its end (a store
+    that has none refuses such a call with ``TypeError``). What the program
+    raises passes through; a pipelined block it left open is closed first.
+    """
+    stepper = Stepper(program(tx))
+    pipes: list[tuple[AbstractContextManager[Callable[[], bool]], Callable[[], bool]]] = []
+    try:
+        while (step := stepper.next()) is not None:
+            try:
+                stepper.answer(_run(step, tx, pipes, wait))
+            except BaseException as exc:
+                stepper.fail(exc)
+    except BaseException as exc:
+        while pipes:
+            pipes.pop()[0].__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    return stepper.result
+
+
+def _run(
+    step: Step,
+    tx: InboxTransaction,
+    pipes: list[tuple[AbstractContextManager[Callable[[], bool]], Callable[[], bool]]],
+    wait: Callable[[Any], Any] | None,
+) -> Any:
+    """Do one step on ``tx``."""
+    if isinstance(step, Call):
+        with tx.savepoint() if step.guard == "savepoint" else tx.unguarded():
+            result = step.run(tx.connection)
+            if not step.awaits:
+                return result
+            if wait is None:
+                raise TypeError("an async handler's call needs a store that awaits it")
+            return wait(result)
+    if isinstance(step, Settle):
+        return pipes[-1][1]()
+    if isinstance(step, Claim):
+        return tx.claim(step.events, step.reclaim)
+    if isinstance(step, DeadLetterRow):
+        return tx.dead_letter(step.event, step.reason)
+    if isinstance(step, CheckDeferred):
+        return tx.check_deferred()
+    if isinstance(step, OpenPipeline):
+        block = tx.pipelined()
+        pipes.append((block, block.__enter__()))
+        return None
+    block = pipes.pop()[0]
+    if step.error is None:
+        block.__exit__(None, None, None)
+    elif not block.__exit__(type(step.error), step.error, step.error.__traceback__):
+        raise step.error
+    return None

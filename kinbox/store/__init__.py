@@ -10,6 +10,7 @@ It implements the seam of :mod:`kinbox.core.inbox` (:class:`InboxStore`,
 ``bridge``      psycopg's async pool and connection with the blocking API
                 ``postgres`` uses, each call run on the loop
 ``loop``        the event loop thread async handlers run on
+``statements``  the inbox's SQL, named and rendered once per schema
 ``orm``         a SQLAlchemy ``Session`` bound to the inbox transaction
 ``orm_async``   the ``AsyncSession`` twin, for async handlers
 ``errors``      psycopg errors → :class:`~kinbox.core.errors.StoreError`: which are

@@ -16,17 +16,17 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
-from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from kinbox.core.describe import describe, storable
 from kinbox.core.errors import ConflictError, SchemaError, StoreError
 from kinbox.core.event import Event
-from kinbox.core.inbox import InboxTransaction, Invoke, first_occurrences
+from kinbox.core.inbox import InboxTransaction, Invoke, drive, first_occurrences
 from kinbox.core.names import sql_identifier
+from kinbox.core.steps import Program
 from kinbox.core.traceparent import trace_id
 from kinbox.store import migrations
 from kinbox.store.arrays import hex_array, int_array, text_array
@@ -34,9 +34,12 @@ from kinbox.store.checkout import Checkout
 from kinbox.store.cursors import configure, forget, refused
 from kinbox.store.errors import aborted_at_commit, behind, left_aborted, translate
 from kinbox.store.schema import INBOX
+from kinbox.store.statements import CHECK_DEFERRED, InboxStatements
 
 _INERROR = psycopg.pq.TransactionStatus.INERROR
 _PIPELINE_ABORTED = psycopg.pq.PipelineStatus.ABORTED
+
+T = TypeVar("T")
 
 
 class PostgresInboxStore:
@@ -67,71 +70,7 @@ class PostgresInboxStore:
             configure=configure,
             name="kinbox-inbox",
         )
-        # One statement decides which events are fresh. The primary key
-        # (consumer, event_id) makes a second delivery conflict with the first
-        # one's row, or wait for the first one's transaction and then
-        # conflict, so two members that briefly own the same partition during
-        # a rebalance still apply the event once. Never SELECT-then-INSERT:
-        # that races.
-        #
-        # One partition's events at a time: topic and partition are plain
-        # parameters, the ids, offsets and trace ids three array literals
-        # (see kinbox.store.arrays). The statements are rendered to bytes
-        # once, so psycopg converts each only once.
-        #
-        # In the ids' order, not the batch's: each row's key is locked as it
-        # is inserted, and two batches side by side may share ids (a
-        # producer's duplicate in another partition). Taken in offset order,
-        # one could hold x and wait for y while the other holds y and waits
-        # for x, a deadlock PostgreSQL breaks only after deadlock_timeout by
-        # aborting one of them. In one order, the later batch waits for the
-        # earlier one and nothing more.
-        insert = (
-            "INSERT INTO {}.processed_events"
-            ' (consumer, event_id, status, topic, partition, "offset", trace_id)'
-            " SELECT %s, c.event_id, 'applied', %s, %s, c.off, c.trace_id"
-            " FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS c(event_id, off, trace_id)"
-            " ORDER BY c.event_id"
-            " ON CONFLICT (consumer, event_id) "
-        )
-        table = sql.Identifier(self._schema)
-        self._claim = sql.SQL(insert + "DO NOTHING RETURNING event_id").format(table).as_bytes()
-        # The same claim for replayed records, except that a dead-lettered row
-        # may be taken over: the row lock the UPDATE takes serialises two
-        # deliveries of the replay exactly like the INSERT does, and an
-        # applied row never matches the WHERE, so a replay applies at most once.
-        reclaim = (
-            insert + "DO UPDATE SET status = 'applied', topic = EXCLUDED.topic,"
-            ' partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
-            " processed_at = now(), reason = NULL, trace_id = EXCLUDED.trace_id"
-            " WHERE processed_events.status = 'dead_lettered'"
-            " RETURNING event_id"
-        )
-        self._reclaim = sql.SQL(reclaim).format(table).as_bytes()
-        # The skim's look-up (kinbox.apply.skim): one probe of the primary key
-        # per id. The LIMIT keeps the subquery from being flattened into a
-        # join, so every plan is this nested loop: a join's plan chooses by
-        # the consumer's estimated row count, and on stale statistics (a
-        # freshly emptied table that grew since) it read the consumer's
-        # whole index for every batch.
-        self._known = (
-            sql.SQL(
-                "SELECT c.event_id FROM unnest(%s::text[]) AS c(event_id)"
-                " CROSS JOIN LATERAL (SELECT FROM {}.processed_events p"
-                " WHERE p.consumer = %s AND p.event_id = c.event_id LIMIT 1) AS found"
-            )
-            .format(table)
-            .as_bytes()
-        )
-        # Runs only on a row this transaction just claimed, so it always finds it.
-        self._dead_letter = (
-            sql.SQL(
-                "UPDATE {}.processed_events SET status = 'dead_lettered', reason = %s"
-                " WHERE consumer = %s AND event_id = %s"
-            )
-            .format(table)
-            .as_bytes()
-        )
+        self._sql = InboxStatements.of(self._schema)
 
     def open(self, timeout: float = 30.0) -> None:
         """Open the pool and check that ``kinbox migrate`` has run.
@@ -173,6 +112,11 @@ class PostgresInboxStore:
             # checks, so it is judged as their statements are.
             raise translate(exc, held, own=False) from exc
 
+    def run(self, program: Program[T]) -> T:
+        """See :meth:`InboxStore.run`: each step on the calling thread."""
+        with self.transaction() as tx:
+            return drive(program, tx)
+
     def known(self, ids: Collection[str]) -> set[str]:
         """See :meth:`InboxStore.known`: one statement, in autocommit, on a pool connection."""
         if not ids:
@@ -187,7 +131,7 @@ class PostgresInboxStore:
                     # plan then follows the table's size as it grows.
                     try:
                         rows = conn.execute(
-                            self._known, (text_array(list(ids)), self._consumer), prepare=False
+                            self._sql.known, (text_array(list(ids)), self._consumer), prepare=False
                         ).fetchall()
                     except psycopg.Error as exc:
                         raise translate(exc, conn) from exc
@@ -237,7 +181,8 @@ class _PostgresTransaction:
         fresh: set[str] = set()
         plain = [e for e in unique if e.id not in reclaim]
         replayed = [e for e in unique if e.id in reclaim]
-        for statement, group in ((self._store._claim, plain), (self._store._reclaim, replayed)):
+        statements = self._store._sql
+        for statement, group in ((statements.claim, plain), (statements.reclaim, replayed)):
             if group:
                 fresh.update(self._run_claim(statement, group))
         return [e for e in unique if e.id in fresh]
@@ -271,17 +216,15 @@ class _PostgresTransaction:
     def dead_letter(self, event: Event, reason: str) -> None:
         text = storable(reason, self._conn.info.parameter_status("server_encoding"))
         try:
-            self._conn.execute(self._store._dead_letter, (text, self._consumer, event.id))
+            self._conn.execute(self._store._sql.dead_letter, (text, self._consumer, event.id))
         except psycopg.Error as exc:
             raise translate(exc, self._conn) from exc
         except ValueError as exc:
             raise StoreError(describe(exc), transient=False) from exc
 
     def check_deferred(self) -> None:
-        # Retroactive: checks every deferrable constraint (and constraint
-        # trigger) queued so far, and keeps later statements immediate.
         try:
-            self._conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            self._conn.execute(CHECK_DEFERRED)
         except psycopg.Error as exc:
             raise translate(exc, self._conn, own=False) from exc
 

@@ -15,20 +15,16 @@ exceptions a test asks for:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from kinbox.core.errors import StoreError
 from kinbox.core.event import Event
-from kinbox.core.inbox import (
-    InboxStore,
-    InboxTransaction,
-    Invoke,
-    async_store,
-    session_opener,
-)
+from kinbox.core.inbox import InboxStore, Invoke, async_store, session_opener
+from kinbox.core.steps import Claim, DeadLetterRow, Program, Seen, Step, Steps, rewrite
+
+T = TypeVar("T")
 
 Coordinates = tuple[str, int, int]
 """A record's ``(topic, partition, offset)``."""
@@ -84,6 +80,7 @@ class _Notes:
     ids: dict[Coordinates, str] = field(default_factory=dict)
     fresh: list[Coordinates] = field(default_factory=list)
     dead_lettered: dict[Coordinates, str] = field(default_factory=dict)
+    fault: Fault | None = None
 
 
 class RecordingStore:
@@ -115,20 +112,29 @@ class RecordingStore:
         """``inner``'s ORM sessions: they run on the connection of the recorded transaction."""
         return session_opener(self._inner, session_class)
 
-    @contextmanager
-    def transaction(self) -> Iterator[InboxTransaction]:
-        """See :meth:`~kinbox.core.inbox.InboxStore.transaction`; faults apply."""
-        with self.recorded(self._inner) as tx:
-            yield tx
+    def run(self, program: Program[T]) -> T:
+        """See :meth:`~kinbox.core.inbox.InboxStore.run`; faults apply."""
+        return self.recorded(self._inner, program)
 
-    @contextmanager
-    def recorded(self, inner: InboxStore) -> Iterator[InboxTransaction]:
-        """A transaction of ``inner`` (this store's, or its async one), recorded; faults apply."""
+    def recorded(self, inner: InboxStore, program: Program[T]) -> T:
+        """``program`` in a transaction of ``inner`` (this store's, or its async one), recorded.
+
+        Faults apply, once the program has returned: the handlers ran, the
+        dead letters were acknowledged, COMMIT comes next.
+        """
         notes = _Notes()
-        with inner.transaction() as tx:
-            yield _RecordingTransaction(tx, notes)
-            # Reached only when the body ended normally: the handlers ran, the
-            # dead letters were acknowledged, COMMIT comes next.
+
+        def noted(step: Step) -> Steps[Any]:
+            value = yield step
+            if isinstance(step, Claim):
+                notes.ids.update((coordinates(e), e.id) for e in step.events)
+                notes.fresh += [coordinates(e) for e in value]
+            elif isinstance(step, DeadLetterRow):
+                notes.dead_lettered[coordinates(step.event)] = step.reason
+            return value
+
+        def recording(tx: Seen) -> Steps[T]:
+            result = yield from rewrite(program(tx), noted)
             fault = self._take_fault(notes)
             if notes.fresh and self.watch is not None:
                 # An async transaction's connection has a blocking face too.
@@ -140,14 +146,19 @@ class RecordingStore:
                     "injected: connection lost after the handlers ran, before COMMIT",
                     transient=True,
                 )
+            notes.fault = fault
+            return result
+
+        result = inner.run(recording)
         self.ledger.ids.update(notes.ids)
         self.ledger.applied.update(notes.fresh)
         self.ledger.dead_lettered.update(notes.dead_lettered)
-        if fault == "lost-commit":
+        if notes.fault == "lost-commit":
             raise StoreError(
                 "injected: connection lost during COMMIT (the transaction did commit)",
                 transient=True,
             )
+        return result
 
     def _take_fault(self, notes: _Notes) -> Fault | None:
         for where in notes.fresh:
@@ -174,8 +185,8 @@ class _AsyncView:
         self._recorder = recorder
         self._inner = inner
 
-    def transaction(self) -> AbstractContextManager[InboxTransaction]:
-        return self._recorder.recorded(self._inner)
+    def run(self, program: Program[T]) -> T:
+        return self._recorder.recorded(self._inner, program)
 
     def sessions(self, session_class: type) -> Callable[[Invoke], Invoke]:
         return session_opener(self._inner, session_class)
@@ -185,41 +196,3 @@ class _AsyncView:
 
     def close(self) -> None:
         """Nothing: the recorder closes its inner store, which closes this one's."""
-
-
-class _RecordingTransaction:
-    """``tx``, noting its claims and dead letters into ``notes``."""
-
-    def __init__(self, tx: InboxTransaction, notes: _Notes) -> None:
-        self._tx = tx
-        self._notes = notes
-
-    @property
-    def connection(self) -> Any:
-        return self._tx.connection
-
-    def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
-        fresh = self._tx.claim(events, reclaim)
-        self._notes.ids.update((coordinates(e), e.id) for e in events)
-        self._notes.fresh += [coordinates(e) for e in fresh]
-        return fresh
-
-    def dead_letter(self, event: Event, reason: str) -> None:
-        self._tx.dead_letter(event, reason)
-        self._notes.dead_lettered[coordinates(event)] = reason
-
-    def check_deferred(self) -> None:
-        self._tx.check_deferred()
-
-    def savepoint(self) -> AbstractContextManager[None]:
-        return self._tx.savepoint()
-
-    def unguarded(self) -> AbstractContextManager[None]:
-        return self._tx.unguarded()
-
-    def outage(self, exc: BaseException) -> StoreError | None:
-        return self._tx.outage(exc)
-
-    def __getattr__(self, name: str) -> Any:
-        # Whatever the seam gains later reaches the real transaction unchanged.
-        return getattr(self._tx, name)

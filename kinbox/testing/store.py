@@ -15,16 +15,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import psycopg
 
 from kinbox.core.describe import storable
 from kinbox.core.errors import ConflictError, StoreError
 from kinbox.core.event import Event
-from kinbox.core.inbox import first_occurrences
+from kinbox.core.inbox import drive, first_occurrences
+from kinbox.core.steps import Program
 from kinbox.store.errors import aborted_at_commit, behind, left_aborted, translate
 from kinbox.testing.awaiting import AwaitsAlone
+
+T = TypeVar("T")
 
 
 def _aborted() -> StoreError:
@@ -307,6 +310,11 @@ class FakeStore:
         if self.lose_after_commit:
             self.lose_after_commit -= 1
             raise StoreError("OperationalError: connection lost during COMMIT", transient=True)
+
+    def run(self, program: Program[T]) -> T:
+        """See :meth:`~kinbox.core.inbox.InboxStore.run`: in a :meth:`transaction`, knobs too."""
+        with self.transaction() as tx:
+            return drive(program, tx, tx.wait)
 
     def known(self, ids: Collection[str]) -> set[str]:
         """See :meth:`~kinbox.core.inbox.InboxStore.known`: the committed rows' ids among ``ids``.

@@ -37,13 +37,20 @@ class Row:
     offset: int
 
 
+class Transactional(InboxStore, Protocol):
+    """A store whose transactions the test holds open, step by step."""
+
+    def transaction(self) -> contextlib.AbstractContextManager[InboxTransaction]:
+        """Open a transaction; it commits when the block exits normally."""
+
+
 class StoreSide(Protocol):
     """One inbox store implementation, driven and inspected by the contract tests."""
 
     name: str
-    store: InboxStore
+    store: Transactional
 
-    def other_consumer(self) -> InboxStore:
+    def other_consumer(self) -> Transactional:
         """A store on the same data for another consumer group."""
 
     def row(self, event_id: str) -> Row | None:
@@ -72,9 +79,9 @@ class FakeSide:
 
     def __init__(self) -> None:
         self.fake = FakeStore()
-        self.store: InboxStore = self.fake
+        self.store: Transactional = self.fake
 
-    def other_consumer(self) -> InboxStore:
+    def other_consumer(self) -> Transactional:
         return FakeStore()  # one fake store is one consumer's processed_events
 
     def row(self, event_id: str) -> Row | None:
@@ -115,7 +122,7 @@ class PostgresSide:
         self._proxy = proxy
         self._via_proxy = make_conninfo(database_url, host="127.0.0.1", port=proxy.port)
         self._stores = [self._open(CONSUMER)]
-        self.store: InboxStore = self._stores[0]
+        self.store: Transactional = self._stores[0]
         self._insert = sql.SQL("INSERT INTO {}.effects (event_id) VALUES (%s)").format(self._schema)
 
     @classmethod
@@ -140,7 +147,7 @@ class PostgresSide:
     kind: type[PostgresInboxStore] = PostgresInboxStore
     """The store class this side runs."""
 
-    def other_consumer(self) -> InboxStore:
+    def other_consumer(self) -> Transactional:
         self._stores.append(self._open(CONSUMER + "-other"))
         return self._stores[-1]
 

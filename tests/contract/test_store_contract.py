@@ -20,8 +20,7 @@ import pytest
 from kinbox.core.describe import storable
 from kinbox.core.errors import StoreError
 from kinbox.core.event import Event
-from kinbox.core.inbox import InboxStore
-from tests.contract.store_sides import Row, StoreSide
+from tests.contract.store_sides import Row, StoreSide, Transactional
 
 T = "contract-events"
 
@@ -30,7 +29,9 @@ def ev(event_id: str, offset: int = 0) -> Event:
     return Event(id=event_id, topic=T, partition=0, offset=offset, key=None, value=b"{}")
 
 
-def claim(store: InboxStore, *events: Event, reclaim: Sequence[str] = ()) -> list[tuple[str, int]]:
+def claim(
+    store: Transactional, *events: Event, reclaim: Sequence[str] = ()
+) -> list[tuple[str, int]]:
     """Claim ``events`` in a transaction of their own; the fresh ones as (id, offset)."""
     with store.transaction() as tx:
         return [(e.id, e.offset) for e in tx.claim(list(events), reclaim)]

@@ -138,8 +138,8 @@ def test_a_store_that_cannot_run_async_handlers_is_refused_at_start() -> None:
         def __init__(self) -> None:
             self._store = FakeStore()
 
-        def transaction(self) -> Any:
-            return self._store.transaction()
+        def run(self, program: Any) -> Any:
+            return self._store.run(program)
 
         def known(self, ids: Collection[str]) -> set[str]:
             return self._store.known(ids)

@@ -13,18 +13,17 @@ at-least-once: a duplicate is applied again, and the check counts it.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Collection
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from kinbox.app import App
 from kinbox.bench import effects
 from kinbox.bench.spec import ChildSpec
 from kinbox.core.config import Settings
-from kinbox.core.errors import ConflictError, StoreError
 from kinbox.core.event import Event
-from kinbox.core.inbox import InboxStore, InboxTransaction
+from kinbox.core.inbox import InboxStore
+from kinbox.core.steps import Claim, DeadLetterRow, Program, Step, Steps, rewrite
 
 
 def app(spec: ChildSpec, *, batch: bool) -> App:
@@ -93,39 +92,16 @@ def run_batch(spec: ChildSpec) -> None:
     run(application, settings(application, spec))
 
 
-class _NoClaim:
-    """An inbox transaction that claims everything and remembers nothing."""
+T = TypeVar("T")
 
-    def __init__(self, inner: InboxTransaction) -> None:
-        self._inner = inner
 
-    @property
-    def connection(self) -> Any:
-        return self._inner.connection
-
-    def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
-        return list(events)
-
-    def dead_letter(self, event: Event, reason: str) -> None:
-        """Nothing is recorded: without an inbox there is nowhere to say so."""
-
-    def check_deferred(self) -> None:
-        self._inner.check_deferred()
-
-    def savepoint(self) -> AbstractContextManager[None]:
-        return self._inner.savepoint()
-
-    def unguarded(self) -> AbstractContextManager[None]:
-        return self._inner.unguarded()
-
-    def pipelined(self) -> AbstractContextManager[Callable[[], bool]]:
-        return self._inner.pipelined()
-
-    def outage(self, exc: BaseException) -> StoreError | None:
-        return self._inner.outage(exc)
-
-    def conflict(self, exc: BaseException) -> ConflictError | None:
-        return self._inner.conflict(exc)
+def _no_claim(step: Step) -> Steps[Any]:
+    """A step of an inbox transaction that claims everything and remembers nothing."""
+    if isinstance(step, Claim):
+        return list(step.events)
+    if isinstance(step, DeadLetterRow):
+        return None  # nothing is recorded: without an inbox there is nowhere to say so
+    return (yield step)
 
 
 class InboxOff:
@@ -134,11 +110,9 @@ class InboxOff:
     def __init__(self, inner: InboxStore) -> None:
         self._inner = inner
 
-    @contextmanager
-    def transaction(self) -> Iterator[InboxTransaction]:
-        """The real transaction, whose claim takes every event as fresh."""
-        with self._inner.transaction() as tx:
-            yield _NoClaim(tx)
+    def run(self, program: Program[T]) -> T:
+        """``program`` in the real store, its claim taking every event as fresh."""
+        return self._inner.run(lambda tx: rewrite(program(tx), _no_claim))
 
     def known(self, ids: Collection[str]) -> set[str]:
         """None: without an inbox nothing is recorded."""

@@ -1,0 +1,99 @@
+"""The inbox's SQL: every statement kinbox runs on ``processed_events``, named.
+
+Built with ``psycopg.sql`` from a validated schema name, and rendered to
+bytes once per store (:class:`InboxStatements`), so psycopg converts each
+only once. The sync and the async store run exactly these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+# One statement decides which events are fresh. The primary key
+# (consumer, event_id) makes a second delivery conflict with the first one's
+# row, or wait for the first one's transaction and then conflict, so two
+# members that briefly own the same partition during a rebalance still apply
+# the event once. Never SELECT-then-INSERT: that races.
+#
+# One partition's events at a time: topic and partition are plain
+# parameters, the ids, offsets and trace ids three array literals (see
+# kinbox.store.arrays).
+#
+# In the ids' order, not the batch's: each row's key is locked as it is
+# inserted, and two batches side by side may share ids (a producer's
+# duplicate in another partition). Taken in offset order, one could hold x
+# and wait for y while the other holds y and waits for x, a deadlock
+# PostgreSQL breaks only after deadlock_timeout by aborting one of them. In
+# one order, the later batch waits for the earlier one and nothing more.
+_INSERT = (
+    "INSERT INTO {}.processed_events"
+    ' (consumer, event_id, status, topic, partition, "offset", trace_id)'
+    " SELECT %s, c.event_id, 'applied', %s, %s, c.off, c.trace_id"
+    " FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS c(event_id, off, trace_id)"
+    " ORDER BY c.event_id"
+    " ON CONFLICT (consumer, event_id) "
+)
+_CLAIM = _INSERT + "DO NOTHING RETURNING event_id"
+# The same claim for replayed records, except that a dead-lettered row may be
+# taken over: the row lock the UPDATE takes serialises two deliveries of the
+# replay exactly like the INSERT does, and an applied row never matches the
+# WHERE, so a replay applies at most once.
+_RECLAIM = (
+    _INSERT + "DO UPDATE SET status = 'applied', topic = EXCLUDED.topic,"
+    ' partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
+    " processed_at = now(), reason = NULL, trace_id = EXCLUDED.trace_id"
+    " WHERE processed_events.status = 'dead_lettered'"
+    " RETURNING event_id"
+)
+# The skim's look-up (kinbox.apply.skim): one probe of the primary key per
+# id. The LIMIT keeps the subquery from being flattened into a join, so every
+# plan is this nested loop: a join's plan chooses by the consumer's estimated
+# row count, and on stale statistics (a freshly emptied table that grew
+# since) it read the consumer's whole index for every batch.
+_KNOWN = (
+    "SELECT c.event_id FROM unnest(%s::text[]) AS c(event_id)"
+    " CROSS JOIN LATERAL (SELECT FROM {}.processed_events p"
+    " WHERE p.consumer = %s AND p.event_id = c.event_id LIMIT 1) AS found"
+)
+# Runs only on a row this transaction just claimed, so it always finds it.
+_DEAD_LETTER = (
+    "UPDATE {}.processed_events SET status = 'dead_lettered', reason = %s"
+    " WHERE consumer = %s AND event_id = %s"
+)
+
+CHECK_DEFERRED = b"SET CONSTRAINTS ALL IMMEDIATE"
+"""Checks every deferrable constraint (and constraint trigger) queued so far, as COMMIT would.
+
+Retroactive, and it keeps later statements immediate."""
+
+
+@dataclass(frozen=True)
+class InboxStatements:
+    """The statements of one schema's inbox, rendered to bytes.
+
+    Parameters, in order: ``claim`` and ``reclaim`` take the consumer, topic,
+    partition and three array literals (ids, offsets, trace ids); ``known``
+    an array literal of ids and the consumer; ``dead_letter`` the reason,
+    the consumer and the id.
+    """
+
+    claim: bytes
+    """Records fresh ids as ``applied``; returns those it inserted."""
+    reclaim: bytes
+    """:attr:`claim` for replayed records: a ``dead_lettered`` row is taken over too."""
+    known: bytes
+    """Which of the ids this consumer has recorded (read-only, outside a transaction)."""
+    dead_letter: bytes
+    """Sets a claimed row to ``dead_lettered`` with its reason."""
+
+    @classmethod
+    def of(cls, schema: str) -> InboxStatements:
+        """The statements of the inbox in ``schema`` (an already validated identifier)."""
+        table = sql.Identifier(schema)
+
+        def render(text: str) -> bytes:
+            return sql.SQL(text).format(table).as_bytes()
+
+        return cls(render(_CLAIM), render(_RECLAIM), render(_KNOWN), render(_DEAD_LETTER))
