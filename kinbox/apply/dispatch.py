@@ -56,7 +56,7 @@ only through :mod:`kinbox.core.describe`, so a broken ``__str__`` cannot escape.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from kinbox.apply.control import Conflicted
 from kinbox.apply.route import Route
@@ -248,3 +248,20 @@ class _Calls:
         single = events[0].id if len(events) == 1 else None
         with cause.handling(self._dispatcher.consumer, single):
             return self._dispatcher.chain.around_events(events, call)
+
+    # The same, awaited on the loop: the cause is set in the task that runs the call.
+    async def around_event_async(
+        self, event: Event, call: Callable[[Event], Awaitable[object]]
+    ) -> object:
+        token = cause.enter(self._dispatcher.consumer, event.id)
+        try:
+            return await self._dispatcher.chain.around_event_async(event, call)
+        finally:
+            cause.leave(token)
+
+    async def around_events_async(
+        self, events: Sequence[Event], call: Callable[[Sequence[Event]], Awaitable[object]]
+    ) -> object:
+        single = events[0].id if len(events) == 1 else None
+        with cause.handling(self._dispatcher.consumer, single):
+            return await self._dispatcher.chain.around_events_async(events, call)

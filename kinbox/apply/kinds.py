@@ -9,11 +9,12 @@ here, not a new branch in the dispatcher.
 
 ``async def`` handlers are :class:`AwaitedEachEvent` and
 :class:`AwaitedWholeBatch`: the same passes, savepoints and verdicts as their
-sync parents, with one difference, the call. It runs ``await fn(event,
-conn)`` on the event loop that owns the transaction's ``AsyncConnection``
-(:class:`~kinbox.core.inbox.Awaiting`), while the batch thread waits; their
-:meth:`pick_store` asks the worker's store for the same inbox on an async
-connection, once, when the worker starts.
+sync parents, with one difference, the call: an awaiting
+:class:`~kinbox.core.steps.Call`, which the async store awaits on the event
+loop that owns the transaction's ``AsyncConnection``, inside the
+middleware's ``around_event_async``. Their :meth:`pick_store` asks the
+worker's store for the same inbox on an async connection, once, when the
+worker starts.
 
 Both kinds judge failures the same way, through :class:`~kinbox.apply.route.Calls`:
 an outage propagates, a conflict redoes the batch at once (a bounded number
@@ -24,7 +25,7 @@ dead-lettered in place (careful pass) or abandons the optimistic pass
 (:class:`~kinbox.apply.control.Abandoned`) so the batch is redone carefully.
 
 What a call raises that is no ``Exception`` is settled at the call itself
-(:func:`_called`, and :func:`_exits_kept` inside an async handler's task):
+(:func:`_called`, and :func:`_awaited` for an async handler, on the loop):
 ``SystemExit`` and ``KeyboardInterrupt`` ask the process to stop, and become
 :class:`~kinbox.core.errors.ExitRequested`, which no pass judges: the transaction
 rolls back and the worker stops with its own status. Any other
@@ -37,15 +38,16 @@ them end the loop's thread, and every call waiting on it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from kinbox.apply.control import Abandoned, HandlerFailed, Unpipelined
 from kinbox.apply.route import Calls, HandlerKind
 from kinbox.core.describe import describe
-from kinbox.core.errors import ExitRequested, HandlerAborted, WorkerExit
+from kinbox.core.errors import ExitRequested, HandlerAborted, HandlerCancelled, WorkerExit
 from kinbox.core.event import Event
-from kinbox.core.inbox import Awaiting, InboxStore, async_store
+from kinbox.core.inbox import InboxStore, async_store
 from kinbox.core.outcome import Verdict
 from kinbox.core.steps import Call, Guard, Settle, Steps, pipelined
 from kinbox.core.transport import ValueReader
@@ -217,7 +219,8 @@ class WholeBatch(_Kind):
 class AwaitedEachEvent(EachEvent):
     """``await fn(event, conn)`` per fresh event, ``conn`` the ``AsyncConnection``.
 
-    Everything but the call is :class:`EachEvent`'s.
+    Everything but the call is :class:`EachEvent`'s: the call is awaited
+    where the connection lives, inside every middleware's ``around_event_async``.
     """
 
     def pick_store(self, store: InboxStore) -> InboxStore:
@@ -226,21 +229,19 @@ class AwaitedEachEvent(EachEvent):
 
     def _call(self, calls: Calls, event: Event, guard: Guard) -> Call:
         fn = self._fn
-        tx = cast(Awaiting, calls.tx)  # pick_store chose a store whose transactions are
-
-        def run(connection: Any) -> object:
-            def call(e: Event) -> object:
-                return tx.wait(_exits_kept(_awaitable(fn(e, connection)), e))
-
-            return calls.around_event(event, lambda e: _called(call, e))
-
-        return Call(run, guard)
+        return Call(
+            lambda connection: calls.around_event_async(
+                event, lambda e: _awaited(fn, e, connection)
+            ),
+            guard,
+            awaits=True,
+        )
 
 
 class AwaitedWholeBatch(WholeBatch):
     """``await fn(events, conn)`` once per partition batch, ``conn`` the ``AsyncConnection``.
 
-    Everything but the call is :class:`WholeBatch`'s.
+    Everything but the call is :class:`WholeBatch`'s (see :class:`AwaitedEachEvent`).
     """
 
     def pick_store(self, store: InboxStore) -> InboxStore:
@@ -249,19 +250,13 @@ class AwaitedWholeBatch(WholeBatch):
 
     def _call(self, calls: Calls, events: list[Event]) -> Call:
         fn = self._fn
-        tx = cast(Awaiting, calls.tx)
-
-        def run(connection: Any) -> object:
-            def call(evs: list[Event]) -> object:
-                return tx.wait(_exits_kept(_awaitable(fn(evs, connection)), evs))
-
-            return calls.around_events(events, lambda evs: _called(call, list(evs)))
-
-        return Call(run, "savepoint")
-
-
-def _awaitable(result: object) -> Awaitable[object]:
-    return cast(Awaitable[object], result)
+        return Call(
+            lambda connection: calls.around_events_async(
+                events, lambda evs: _awaited(fn, list(evs), connection)
+            ),
+            "savepoint",
+            awaits=True,
+        )
 
 
 def _called(fn: Callable[..., T], subject: Event | list[Event], *args: Any) -> T:
@@ -280,17 +275,24 @@ def _called(fn: Callable[..., T], subject: Event | list[Event], *args: Any) -> T
         raise _settled(exc, subject) from exc
 
 
-async def _exits_kept(awaitable: Awaitable[T], subject: Event | list[Event]) -> T:
-    """Await a handler's coroutine; its ``SystemExit`` or ``KeyboardInterrupt`` is settled here.
+async def _awaited(fn: Callable[..., object], subject: Event | list[Event], *args: Any) -> object:
+    """``await fn(subject, *args)``, an async handler's call; a ``BaseException`` is settled here.
 
-    In the loop's task, where asyncio would let either end the loop's thread.
-    ``CancelledError`` and ``GeneratorExit`` pass: the first is the loop's to
-    judge (:func:`kinbox.store.loop.awaited`), the second is how a coroutine
-    is closed, and a handler's own comes back to :func:`_called` anyway.
+    On the event loop, where asyncio would let ``SystemExit`` or
+    ``KeyboardInterrupt`` end the loop's thread. A cancellation inside the
+    call is the handler's failure.
+
+    Raises:
+        ExitRequested, HandlerAborted: as :func:`_called`.
+        HandlerCancelled: the call was cancelled.
     """
     try:
-        return await awaitable
-    except (SystemExit, KeyboardInterrupt) as exc:
+        return await cast(Awaitable[object], fn(subject, *args))
+    except Exception:
+        raise
+    except asyncio.CancelledError as exc:
+        raise HandlerCancelled(f"the async handler's coroutine was cancelled: {exc!r}") from exc
+    except BaseException as exc:
         raise _settled(exc, subject) from exc
 
 

@@ -9,7 +9,7 @@ chosen when the handler is registered, so no call branches on a flag.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -58,6 +58,16 @@ class Calls(Protocol):
         self, events: Sequence[Event], call: Callable[[Sequence[Event]], object]
     ) -> object:
         """Run ``call(events)`` inside every middleware's ``around_events``."""
+
+    def around_event_async(
+        self, event: Event, call: Callable[[Event], Awaitable[object]]
+    ) -> Awaitable[object]:
+        """Await ``call(event)`` inside every middleware's ``around_event_async``."""
+
+    def around_events_async(
+        self, events: Sequence[Event], call: Callable[[Sequence[Event]], Awaitable[object]]
+    ) -> Awaitable[object]:
+        """Await ``call(events)`` inside every middleware's ``around_events_async``."""
 
 
 class HandlerKind(Protocol):

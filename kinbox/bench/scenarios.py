@@ -52,7 +52,10 @@ from dataclasses import dataclass
 
 from kinbox.bench.contenders import CONTENDERS, HAND
 
-ALL = tuple(c.name for c in CONTENDERS if c.name != HAND)
+AWAITED = ("kinbox-each-async", "kinbox-batch-async")
+"""kinbox's ``async def`` handlers: run in the clean scenario only, beside their sync twins."""
+
+ALL = tuple(c.name for c in CONTENDERS if c.name != HAND and c.name not in AWAITED)
 """The contenders of the scenarios run inside the harness."""
 
 OUTSIDE = ("kinbox-each", "kinbox-batch", HAND)
@@ -86,7 +89,7 @@ class Scenario:
 
 
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario("clean", "clean stream", "steady"),
+    Scenario("clean", "clean stream", "steady", contenders=ALL + AWAITED),
     Scenario("retries10", "producer retries 10%", "steady", duplicates=0.10),
     Scenario("retries50", "producer retries 50%", "steady", duplicates=0.50),
     Scenario(

@@ -7,10 +7,14 @@ loads no psycopg: :class:`~kinbox.store.postgres.PostgresInboxStore` is the
 real implementation and :mod:`kinbox.testing` has a fake. Both are checked by
 one contract suite (``tests/contract``).
 
+The engine hands a store the body of a transaction as a program
+(:mod:`kinbox.core.steps`, :meth:`InboxStore.run`); a store whose
+transactions are :class:`InboxTransaction` s runs it with :func:`drive`.
+
 The async side: an ``async def`` handler's kind (:mod:`kinbox.apply.kinds`)
 asks the worker's store for the same inbox on an async connection
-(:class:`AsyncCapable`, once, when the batch code is set up) and runs the
-handler's coroutine through the transaction (:class:`Awaiting`).
+(:class:`AsyncCapable`, once, when the batch code is set up), which runs
+the same programs and awaits the handler's calls.
 :class:`~kinbox.store.awaiting.MixedInboxStore` is the real implementation,
 :class:`~kinbox.testing.FakeStore` a fake.
 
@@ -22,7 +26,7 @@ transactions it runs in binds the session to their connection
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -47,7 +51,7 @@ T = TypeVar("T")
 
 
 class InboxTransaction(Protocol):
-    """One open inbox transaction, as the batch processor uses it."""
+    """One open inbox transaction, on the calling thread: what :func:`drive` runs steps on."""
 
     @property
     def connection(self) -> Any:
@@ -201,21 +205,13 @@ class AsyncCapable(Protocol):
     """A store that can also run async handlers' transactions."""
 
     def for_async(self) -> InboxStore:
-        """The same inbox (same tables, same consumer), whose transactions are :class:`Awaiting`.
+        """The same inbox (same tables, same consumer), whose :meth:`~InboxStore.run` awaits.
+
+        Its programs' awaiting calls (:class:`~kinbox.core.steps.Call`) are
+        awaited where its connection lives.
 
         Asked once per async route when the worker's batch code is set up;
         it does no I/O then. Closing this store closes that one too.
-        """
-
-
-class Awaiting(InboxTransaction, Protocol):
-    """An inbox transaction whose connection is async: handlers' coroutines run on its loop."""
-
-    def wait(self, awaitable: Awaitable[T]) -> T:
-        """Run ``awaitable`` where the connection lives; block until it is done.
-
-        The calling (batch) thread waits meanwhile, so the connection has one
-        user at a time; its context variables go with the call.
         """
 
 

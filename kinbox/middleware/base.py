@@ -27,6 +27,12 @@ span or a context opened in one is always closed in the other.
     unchanged (re-raise it), because the failure policy judges exactly what
     the handler raised. A handler may be called again for the same event
     when its batch is redone (see :mod:`kinbox.apply.dispatch`).
+``around_event_async`` / ``around_events_async``
+    the same, around an ``async def`` handler's call, on the event loop of
+    the async handlers: ``return await call_next(event)``. By default a
+    layer's sync ``around_event`` / ``around_events`` wraps the call from a
+    thread of its own, so a layer written for sync handlers still sees
+    every call; overriding these keeps the call on the loop.
 ``after_step``
     in reverse order, on the batch thread, after each claim of the batch's
     event ids and each COMMIT (a batch redone or narrowed down has several
@@ -50,8 +56,9 @@ Register with ``App(middleware=[...])`` (which replaces the defaults) or
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -116,6 +123,29 @@ class Middleware:
         """Wrap one call of a batch handler; return ``call_next(events)``."""
         return call_next(events)
 
+    async def around_event_async(
+        self, event: Event, call_next: Callable[[Event], Awaitable[object]]
+    ) -> object:
+        """Wrap one call of an ``async def`` per-event handler; return ``await call_next(event)``.
+
+        Runs on the event loop of the async handlers. By default, a layer's
+        own :meth:`around_event` wraps the call on a thread of its own (its
+        ``call_next`` waits there while the handler runs on the loop): a
+        layer that wraps async handlers often overrides this too, so the
+        call stays on the loop.
+        """
+        if not _overrides(self, "around_event"):
+            return await call_next(event)
+        return await _on_a_thread(self.around_event, event, call_next)
+
+    async def around_events_async(
+        self, events: Sequence[Event], call_next: Callable[[Sequence[Event]], Awaitable[object]]
+    ) -> object:
+        """Wrap one call of an ``async def`` batch handler (see :meth:`around_event_async`)."""
+        if not _overrides(self, "around_events"):
+            return await call_next(events)
+        return await _on_a_thread(self.around_events, events, call_next)
+
     def after_step(self, step: Step) -> None:
         """Called after each claim and each COMMIT of a batch's transaction (see :class:`Step`)."""
 
@@ -151,6 +181,12 @@ class Chain:
         ]
         self._batch_layers = [
             m.around_events for m in self._forward if _overrides(m, "around_events")
+        ]
+        self._event_layers_async = [
+            m.around_event_async for m in self._forward if _wraps_async(m, "around_event")
+        ]
+        self._batch_layers_async = [
+            m.around_events_async for m in self._forward if _wraps_async(m, "around_events")
         ]
         self._step_layers = [m for m in self._backward if _overrides(m, "after_step")]
 
@@ -206,6 +242,22 @@ class Chain:
             call = _wrap(layer, call)
         return call(events)
 
+    async def around_event_async(
+        self, event: Event, call: Callable[[Event], Awaitable[object]]
+    ) -> object:
+        """``await call(event)`` inside every ``around_event_async``, the first outermost."""
+        for layer in reversed(self._event_layers_async):
+            call = _wrap_async(layer, call)
+        return await call(event)
+
+    async def around_events_async(
+        self, events: Sequence[Event], call: Callable[[Sequence[Event]], Awaitable[object]]
+    ) -> object:
+        """``await call(events)`` inside every ``around_events_async``, the first outermost."""
+        for layer in reversed(self._batch_layers_async):
+            call = _wrap_async(layer, call)
+        return await call(events)
+
     @property
     def observes_steps(self) -> bool:
         """Whether a layer wants :meth:`after_step` (the batch then times its steps)."""
@@ -249,6 +301,40 @@ class Chain:
 def _overrides(layer: Middleware, hook: str) -> bool:
     """Whether ``layer`` has its own ``hook``: the default only calls through."""
     return getattr(type(layer), hook) is not getattr(Middleware, hook)
+
+
+def _wraps_async(layer: Middleware, hook: str) -> bool:
+    """Whether ``layer`` wraps async handlers' calls: its own ``hook``, sync or async."""
+    return _overrides(layer, hook) or _overrides(layer, hook + "_async")
+
+
+def _wrap_async(
+    layer: Callable[[T, Callable[[T], Awaitable[object]]], Awaitable[object]],
+    inner: Callable[[T], Awaitable[object]],
+) -> Callable[[T], Awaitable[object]]:
+    return lambda value: layer(value, inner)
+
+
+async def _on_a_thread(
+    hook: Callable[[T, Callable[[T], object]], object],
+    subject: T,
+    call_next: Callable[[T], Awaitable[object]],
+) -> object:
+    """A sync ``around_*`` hook around an async call: the hook on a thread, the call on the loop.
+
+    The loop is free while the hook runs, and the hook's thread waits while
+    the call runs, so the connection still has one user at a time; context
+    variables go with each (``to_thread`` and ``run_coroutine_threadsafe`` copy them).
+    """
+    loop = asyncio.get_running_loop()
+
+    async def awaited(value: T) -> object:
+        return await call_next(value)
+
+    def blocking(value: T) -> object:
+        return asyncio.run_coroutine_threadsafe(awaited(value), loop).result()
+
+    return await asyncio.to_thread(hook, subject, blocking)
 
 
 def _wrap(

@@ -55,7 +55,7 @@ meter_provider=...)`` uses providers of your own.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import Token
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -245,13 +245,14 @@ class Telemetry(Middleware):
         """Run one per-event handler call inside its ``process`` span, timed."""
         if not self._watching:
             return call_next(event)
-        span = None
-        if self._tracing:
-            where = self._where(event.topic, event.partition)
-            span = process_span(
-                self._tracer, (event,), where, each=True, parent=self._parent_events
-            )
-        return self._timed(event.topic, span, lambda: call_next(event))
+        timing = self._start((event,), each=True)
+        try:
+            result = call_next(event)
+        except BaseException as exc:
+            timing.end(exc)
+            raise  # unchanged: the failure policy judges exactly what the handler raised
+        timing.end(None)
+        return result
 
     def around_events(
         self, events: Sequence[Event], call_next: Callable[[Sequence[Event]], object]
@@ -259,33 +260,55 @@ class Telemetry(Middleware):
         """Run one batch handler call inside its ``process`` span, timed."""
         if not self._watching or not events:
             return call_next(events)
-        topic = events[0].topic
+        timing = self._start(events, each=False)
+        try:
+            result = call_next(events)
+        except BaseException as exc:
+            timing.end(exc)
+            raise
+        timing.end(None)
+        return result
+
+    async def around_event_async(
+        self, event: Event, call_next: Callable[[Event], Awaitable[object]]
+    ) -> object:
+        """Await one async per-event handler call inside its ``process`` span, timed."""
+        if not self._watching:
+            return await call_next(event)
+        timing = self._start((event,), each=True)
+        try:
+            result = await call_next(event)
+        except BaseException as exc:
+            timing.end(exc)
+            raise
+        timing.end(None)
+        return result
+
+    async def around_events_async(
+        self, events: Sequence[Event], call_next: Callable[[Sequence[Event]], Awaitable[object]]
+    ) -> object:
+        """Await one async batch handler call inside its ``process`` span, timed."""
+        if not self._watching or not events:
+            return await call_next(events)
+        timing = self._start(events, each=False)
+        try:
+            result = await call_next(events)
+        except BaseException as exc:
+            timing.end(exc)
+            raise
+        timing.end(None)
+        return result
+
+    def _start(self, events: Sequence[Event], *, each: bool) -> _Timing:
+        """Open the call's span (when tracing), make it current, start the clock."""
         span = None
         if self._tracing:
-            where = self._where(topic, events[0].partition)
-            span = process_span(
-                self._tracer, events, where, each=False, parent=self._parent_batches
-            )
-        return self._timed(topic, span, lambda: call_next(events))
-
-    def _timed(self, topic: str, span: trace.Span | None, call: Callable[[], object]) -> object:
-        started = time.perf_counter()
+            where = self._where(events[0].topic, events[0].partition)
+            parent = self._parent_events if each else self._parent_batches
+            span = process_span(self._tracer, events, where, each=each, parent=parent)
         token = None if span is None else context.attach(trace.set_span_in_context(span))
-        error: BaseException | None = None
-        try:
-            return call()
-        except BaseException as exc:
-            error = exc
-            raise  # unchanged: the failure policy judges exactly what the handler raised
-        finally:
-            if token is not None:
-                context.detach(token)
-            if self._metering:
-                self._meters.processed(topic, time.perf_counter() - started, error)
-            if span is not None:
-                if error is not None:
-                    mark_failed(span, error)
-                span.end()
+        meters = self._meters if self._metering else None
+        return _Timing(events[0].topic, span, token, meters)
 
     def _where(self, topic: str, partition: int) -> Attributes:
         """The attributes every span of a partition carries."""
@@ -297,3 +320,33 @@ class Telemetry(Middleware):
         if self._group is not None:
             attributes[sc.CONSUMER_GROUP] = self._group
         return attributes
+
+
+class _Timing:
+    """One handler call's span and clock, from :meth:`Telemetry._start` to :meth:`end`."""
+
+    __slots__ = ("_meters", "_span", "_started", "_token", "_topic")
+
+    def __init__(
+        self,
+        topic: str,
+        span: trace.Span | None,
+        token: Token[Context] | None,
+        meters: Meters | None,
+    ) -> None:
+        self._topic = topic
+        self._span = span
+        self._token = token
+        self._meters = meters
+        self._started = time.perf_counter()
+
+    def end(self, error: BaseException | None) -> None:
+        """Detach and end the span, and count the call, failed with ``error`` or not."""
+        if self._token is not None:
+            context.detach(self._token)
+        if self._meters is not None:
+            self._meters.processed(self._topic, time.perf_counter() - self._started, error)
+        if self._span is not None:
+            if error is not None:
+                mark_failed(self._span, error)
+            self._span.end()

@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from kinbox.core.errors import ConfigurationError, TransportError
 from kinbox.core.event import Event
@@ -140,11 +140,28 @@ class StampMiddleware(Middleware):
         self, events: Sequence[Event], call_next: Callable[[Sequence[Event]], object]
     ) -> object:
         """Stamp ``handler`` for the batch handler's events, then call it."""
+        self._handler(events)
+        return call_next(events)
+
+    async def around_event_async(
+        self, event: Event, call_next: Callable[[Event], Awaitable[object]]
+    ) -> object:
+        """Stamp ``handler``, then await the async handler, on its loop."""
+        self._handler((event,))
+        return await call_next(event)
+
+    async def around_events_async(
+        self, events: Sequence[Event], call_next: Callable[[Sequence[Event]], Awaitable[object]]
+    ) -> object:
+        """Stamp ``handler`` for the async batch handler's events, then await it."""
+        self._handler(events)
+        return await call_next(events)
+
+    def _handler(self, events: Sequence[Event]) -> None:
         now = time.time()
         for event in events:
             if self._stamps.sampled(event.offset):
                 self._stamps.stamp("handler", event.topic, event.partition, event.offset, now)
-        return call_next(events)
 
     def after_step(self, step: Step) -> None:
         """Stamp ``commit`` when a COMMIT succeeded."""

@@ -1,17 +1,16 @@
-"""The inbox store of async handlers: the same SQL, on an ``AsyncConnection`` of an async pool.
+"""The inbox store of async handlers: the engine's transaction program, run on an event loop.
 
-:class:`AsyncPostgresInboxStore` is :class:`~kinbox.store.postgres.PostgresInboxStore`
-with another pool: an ``AsyncConnectionPool`` on an event loop of its own
-(:class:`~kinbox.store.loop.LoopThread`), seen through :mod:`kinbox.store.bridge`.
-Its transactions are the sync store's own: the claim, the savepoints, the
-dead-letter bookkeeping and COMMIT are the same code issuing the same
-statements, over either connection. Two things differ:
+:class:`AsyncPostgresInboxStore` keeps an ``AsyncConnectionPool`` on an event
+loop of its own (:class:`~kinbox.store.loop.LoopThread`). Its :meth:`~AsyncPostgresInboxStore.run`
+hands the whole transaction to that loop at once, and
+:func:`~kinbox.store.async_transaction.drive_async` runs the program's steps
+there natively: each statement awaited on the
+``AsyncConnection``, each async handler awaited with it, so the batch thread
+waits once per transaction, and nothing crosses a thread per statement or
+per handler. The statements, and how their answers and failures are judged,
+are the sync store's (:mod:`kinbox.store.transaction`).
 
-- handlers receive the ``AsyncConnection`` itself (``tx.connection``);
-- ``tx.wait(awaitable)`` runs a handler's coroutine on the loop while the
-  batch thread waits, so the connection has one user at a time.
-
-:class:`MixedInboxStore` is the store a worker runs with: sync transactions
+:class:`MixedInboxStore` is the store a worker runs with: the sync store
 itself, and, from :meth:`~MixedInboxStore.for_async`, an
 :class:`AsyncPostgresInboxStore` over the same tables for the routes whose
 handler is ``async def`` (asked once, when the batch code is set up; an app
@@ -23,24 +22,28 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Collection
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from kinbox.core.inbox import InboxStore, InboxTransaction, Invoke
-from kinbox.store.bridge import SyncConnection, SyncPool
+from kinbox.core.inbox import InboxStore, Invoke
+from kinbox.core.names import sql_identifier
+from kinbox.core.steps import Program
+from kinbox.store.arrays import text_array
+from kinbox.store.async_transaction import AsyncTransaction, drive_async
 from kinbox.store.cursors import configure_async
-from kinbox.store.errors import translate
-from kinbox.store.loop import LoopThread, awaited
-from kinbox.store.postgres import PostgresInboxStore, _PostgresTransaction
+from kinbox.store.errors import aborted_at_commit, translate
+from kinbox.store.loop import LoopThread
+from kinbox.store.postgres import PostgresInboxStore
+from kinbox.store.statements import InboxStatements
+from kinbox.store.transaction import aborted, unsendable
 
 T = TypeVar("T")
 
 
-class AsyncPostgresInboxStore(PostgresInboxStore):
+class AsyncPostgresInboxStore:
     """An inbox store whose transactions run on an ``AsyncConnection``, for async handlers.
 
     Args: as :class:`~kinbox.store.postgres.PostgresInboxStore`; at most
@@ -49,13 +52,15 @@ class AsyncPostgresInboxStore(PostgresInboxStore):
     """
 
     def __init__(self, conninfo: str, *, schema: str, consumer: str, pool_size: int = 2) -> None:
-        super().__init__(conninfo, schema=schema, consumer=consumer, pool_size=pool_size)
+        self._sql = InboxStatements.of(sql_identifier(schema, setting="schema"))
+        self._consumer = consumer
         self._loop = LoopThread("kinbox-async-handlers")
         self._opened = False
         self._opening = threading.Lock()
 
-        def make() -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
-            # As the sync pool's: the check turns a connection a server
+        async def make() -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+            # On the loop: asyncio's objects belong to the loop they are made
+            # on. As the sync pool's, the check turns a connection a server
             # restart killed into a fresh one instead of a failed batch.
             return AsyncConnectionPool(
                 conninfo,
@@ -67,9 +72,7 @@ class AsyncPostgresInboxStore(PostgresInboxStore):
                 name="kinbox-inbox-async",
             )
 
-        # In place of the sync pool the parent made (unopened: it holds
-        # nothing): the parent's code takes connections from this one.
-        self._pool = cast(Any, SyncPool(self._loop, make))
+        self._pool = self._loop.run(make())
 
     def open(self, timeout: float = 30.0) -> None:
         """Open the pool, without waiting for a connection (idempotent).
@@ -77,28 +80,76 @@ class AsyncPostgresInboxStore(PostgresInboxStore):
         The tables were checked when the worker's sync store opened; a
         database that cannot be reached now is met by the first transaction,
         as any outage is: the batch waits.
+
+        Raises:
+            StoreError: the pool could not be opened.
         """
         with self._opening:
             if not self._opened:
-                self._pool.open(wait=False, timeout=timeout)
+                try:
+                    self._loop.run(self._pool.open(wait=False, timeout=timeout))
+                except psycopg.Error as exc:
+                    raise translate(exc) from exc
                 self._opened = True
 
-    @contextmanager
-    def transaction(self) -> Iterator[InboxTransaction]:
-        """See :meth:`~kinbox.core.inbox.InboxStore.transaction`; the first one opens the pool."""
+    def run(self, program: Program[T]) -> T:
+        """See :meth:`~kinbox.core.inbox.InboxStore.run`: on the loop, every step awaited there."""
         if not self._opened:
-            try:
-                self.open()
-            except psycopg.Error as exc:
-                raise translate(exc) from exc
-        with super().transaction() as tx:
-            yield tx
+            self.open()
+        return self._loop.run(self._run(program))
+
+    async def _run(self, program: Program[T]) -> T:
+        held: psycopg.AsyncConnection[Any] | None = None  # none yet: taking one failed
+        try:
+            async with self._pool.connection() as conn:
+                held = conn
+                async with conn.transaction():
+                    result = await drive_async(
+                        program, AsyncTransaction(conn, self._consumer, self._sql)
+                    )
+                    # psycopg would send COMMIT, PostgreSQL would answer
+                    # ROLLBACK, and nothing would be raised.
+                    if aborted(conn):
+                        raise aborted_at_commit()
+                return result
+        except psycopg.Error as exc:
+            # Taking a connection, BEGIN, COMMIT or ROLLBACK: COMMIT runs the
+            # handlers' deferred checks, so it is judged as their statements are.
+            raise translate(exc, held, own=False) from exc
+
+    def known(self, ids: Collection[str]) -> set[str]:
+        """See :meth:`~kinbox.core.inbox.InboxStore.known`: one statement, in autocommit."""
+        if not ids:
+            return set()
+        if not self._opened:
+            self.open()
+        return self._loop.run(self._known(ids))
+
+    async def _known(self, ids: Collection[str]) -> set[str]:
+        try:
+            async with self._pool.connection() as conn:
+                await conn.set_autocommit(True)
+                try:
+                    cursor = await conn.execute(
+                        self._sql.known, (text_array(list(ids)), self._consumer), prepare=False
+                    )
+                    rows = await cursor.fetchall()
+                except psycopg.Error as exc:
+                    raise translate(exc, conn) from exc
+                finally:
+                    if not conn.closed:
+                        await conn.set_autocommit(False)
+        except psycopg.Error as exc:  # taking a connection, or setting autocommit
+            raise translate(exc) from exc
+        except ValueError as exc:  # an id the client encoding cannot encode
+            raise unsendable(exc) from exc
+        return {row[0] for row in rows}
 
     def close(self) -> None:
         """Close the pool, then stop the loop."""
         try:
-            if self._opened:
-                self._pool.close()
+            if self._opened and self._loop.running:
+                self._loop.run(self._pool.close(timeout=5.0))
         finally:
             self._loop.stop()
 
@@ -107,31 +158,6 @@ class AsyncPostgresInboxStore(PostgresInboxStore):
         from kinbox.store.orm_async import AsyncSessions  # loaded only for handlers that ask
 
         return AsyncSessions(session_class).around
-
-    @property
-    def _transaction_type(self) -> type[_PostgresTransaction]:
-        return _AwaitingTransaction
-
-
-class _AwaitingTransaction(_PostgresTransaction):
-    """The inbox transaction on a :class:`SyncConnection`; handlers get the async one."""
-
-    @property
-    def connection(self) -> psycopg.AsyncConnection[Any]:
-        return self.bridged.async_connection
-
-    @property
-    def bridged(self) -> SyncConnection:
-        """The same connection with a blocking API, for code that is not async."""
-        return cast(SyncConnection, self._conn)  # what the async pool hands out
-
-    def wait(self, awaitable: Awaitable[T]) -> T:
-        """See :meth:`kinbox.core.inbox.Awaiting.wait`."""
-        return self.bridged.loop.run(awaited(awaitable))
-
-    @property
-    def _driver(self) -> object:
-        return self.bridged.async_connection
 
 
 class MixedInboxStore(PostgresInboxStore):

@@ -1,16 +1,16 @@
 """An event loop on a thread of its own, which blocking code hands coroutines to.
 
-The batch code is synchronous: it runs on the worker's batch thread(s) and
-waits for each step. Async handlers, and the ``AsyncConnection`` they work
-on, need an event loop; :class:`LoopThread` runs one for the whole worker, and
-:meth:`LoopThread.run` submits a coroutine to it and blocks until it is done
+The batch code is synchronous: it runs on the worker's batch thread(s).
+Async handlers, and the ``AsyncConnection`` they work on, need an event
+loop; :class:`LoopThread` runs one for the whole worker, and
+:meth:`LoopThread.run` submits a coroutine to it — a whole inbox
+transaction (:mod:`kinbox.store.awaiting`) — and blocks until it is done
 (``asyncio.run_coroutine_threadsafe``). The calling thread's context
 variables go with the coroutine (the callback that starts its task is made
 in the caller's context), so what a middleware set around the call — the
 event's cause, a tracing span — is what the handler sees.
 
-Exactly one thread uses a given connection at a time: the batch thread waits
-while the loop runs its coroutine, and only then goes on.
+Exactly one thread uses a given connection at a time: only the loop does.
 
 The loop's thread must never end while a call waits on it: nothing would
 ever answer that call. If it does end — something run on the loop raised
@@ -26,24 +26,16 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from kinbox.core.describe import describe
-from kinbox.core.errors import HandlerCancelled, ThreadDied
+from kinbox.core.errors import ThreadDied
 
 T = TypeVar("T")
 
 LIVENESS_CHECK = 1.0
 """Seconds a call waits on the loop between two looks at whether its thread still lives."""
-
-
-async def awaited(awaitable: Awaitable[T]) -> T:
-    """Await a handler's call; a cancellation inside it becomes :class:`HandlerCancelled`."""
-    try:
-        return await awaitable
-    except asyncio.CancelledError as exc:
-        raise HandlerCancelled(f"the async handler's coroutine was cancelled: {exc!r}") from exc
 
 
 class LoopThread:

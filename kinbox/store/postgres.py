@@ -21,23 +21,29 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from kinbox.core.describe import describe, storable
+from kinbox.core.describe import describe
 from kinbox.core.errors import ConflictError, SchemaError, StoreError
 from kinbox.core.event import Event
-from kinbox.core.inbox import InboxTransaction, Invoke, drive, first_occurrences
+from kinbox.core.inbox import InboxTransaction, Invoke, drive
 from kinbox.core.names import sql_identifier
 from kinbox.core.steps import Program
-from kinbox.core.traceparent import trace_id
 from kinbox.store import migrations
-from kinbox.store.arrays import hex_array, int_array, text_array
+from kinbox.store.arrays import text_array
 from kinbox.store.checkout import Checkout
 from kinbox.store.cursors import configure, forget, refused
-from kinbox.store.errors import aborted_at_commit, behind, left_aborted, translate
+from kinbox.store.errors import aborted_at_commit, translate
 from kinbox.store.schema import INBOX
 from kinbox.store.statements import CHECK_DEFERRED, InboxStatements
-
-_INERROR = psycopg.pq.TransactionStatus.INERROR
-_PIPELINE_ABORTED = psycopg.pq.PipelineStatus.ABORTED
+from kinbox.store.transaction import (
+    ClaimPlan,
+    aborted,
+    after_pipeline,
+    conflict,
+    dead_letter,
+    outage,
+    raise_if_aborted,
+    unsendable,
+)
 
 T = TypeVar("T")
 
@@ -102,7 +108,7 @@ class PostgresInboxStore:
                         # psycopg would send COMMIT, PostgreSQL would answer
                         # ROLLBACK, and nothing would be raised: the batch
                         # would count as committed.
-                        if _aborted(conn):
+                        if aborted(conn):
                             raise aborted_at_commit()
                 finally:
                     self._checkout.given_back(conn)
@@ -177,50 +183,26 @@ class _PostgresTransaction:
         return self._conn
 
     def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
-        unique = first_occurrences(events)
-        fresh: set[str] = set()
-        plain = [e for e in unique if e.id not in reclaim]
-        replayed = [e for e in unique if e.id in reclaim]
-        statements = self._store._sql
-        for statement, group in ((statements.claim, plain), (statements.reclaim, replayed)):
-            if group:
-                fresh.update(self._run_claim(statement, group))
-        return [e for e in unique if e.id in fresh]
-
-    def _run_claim(self, statement: bytes, events: Sequence[Event]) -> set[str]:
-        partitions: dict[tuple[str, int], list[Event]] = {}
-        for event in events:
-            partitions.setdefault((event.topic, event.partition), []).append(event)
-        fresh: set[str] = set()
-        for (topic, partition), group in partitions.items():
-            params = (
-                self._consumer,
-                topic,
-                partition,
-                text_array([e.id for e in group]),
-                int_array(e.offset for e in group),
-                # Parsed here, never failing: a malformed header stores NULL.
-                hex_array(trace_id(e.headers) for e in group),
-            )
+        plan = ClaimPlan(self._store._sql, self._consumer, events, reclaim)
+        for statement, params in plan.statements:
             try:
-                rows = self._conn.execute(statement, params).fetchall()
+                plan.take(self._conn.execute(statement, params).fetchall())
             except psycopg.Error as exc:
                 raise translate(exc, self._conn) from exc
             except ValueError as exc:
                 # psycopg encodes parameters before sending: an id the client
                 # encoding has no code for fails here, as a UnicodeEncodeError.
-                raise StoreError(describe(exc), transient=False) from exc
-            fresh.update(row[0] for row in rows)
-        return fresh
+                raise unsendable(exc) from exc
+        return plan.result()
 
     def dead_letter(self, event: Event, reason: str) -> None:
-        text = storable(reason, self._conn.info.parameter_status("server_encoding"))
+        statement = dead_letter(self._store._sql, self._consumer, event, reason, self._conn.info)
         try:
-            self._conn.execute(self._store._sql.dead_letter, (text, self._consumer, event.id))
+            self._conn.execute(*statement)
         except psycopg.Error as exc:
             raise translate(exc, self._conn) from exc
         except ValueError as exc:
-            raise StoreError(describe(exc), transient=False) from exc
+            raise unsendable(exc) from exc
 
     def check_deferred(self) -> None:
         try:
@@ -237,7 +219,7 @@ class _PostgresTransaction:
                 # transaction aborted: every later savepoint would fail too, and
                 # the next events would be blamed. Raising inside the block makes
                 # psycopg roll back to the savepoint instead.
-                _raise_if_aborted(self._conn)
+                raise_if_aborted(self._conn)
         except psycopg.Error as exc:
             raise translate(exc, self._conn, own=False) from exc
 
@@ -258,7 +240,7 @@ class _PostgresTransaction:
                         pipeline.sync()
                     except psycopg.Error:
                         return False
-                    return not _aborted(self._conn) and not refused(driver)
+                    return not aborted(self._conn) and not refused(driver)
 
                 yield settle
         except psycopg.Error as exc:
@@ -266,46 +248,18 @@ class _PostgresTransaction:
         finally:
             was_refused = refused(driver)
             forget(driver)
-        _raise_if_aborted(self._conn)
-        if was_refused:
-            # A handler caught it (one that raised it failed the pass already).
-            raise StoreError(
-                "NotSupportedError: a handler's COPY, stream() or server-side cursor was "
-                "refused in pipeline mode",
-                transient=False,
-            )
+        after_pipeline(self._conn, was_refused)
 
     def outage(self, exc: BaseException) -> StoreError | None:
-        found = behind(exc, self._conn)
-        return None if isinstance(found, ConflictError) else found
+        return outage(exc, self._conn)
 
     def conflict(self, exc: BaseException) -> ConflictError | None:
-        found = behind(exc, self._conn)
-        return found if isinstance(found, ConflictError) else None
+        return conflict(exc, self._conn)
 
     @property
     def _driver(self) -> object:
         """The psycopg connection itself, whose cursors note a pipeline's refusals."""
         return self._conn
-
-
-def _aborted(conn: psycopg.Connection[Any]) -> bool:
-    """Whether ``conn``'s transaction is aborted (a statement in it failed).
-
-    In pipeline mode the transaction's status reads active until the
-    pipeline is synced, but the pipeline's own says aborted as soon as a
-    failed statement's result has been read (a handler's fetch did).
-    """
-    # libpq tracks both locally: no round trip (and through pgconn, not
-    # conn.info, which builds an object per call: this runs per event).
-    pgconn = conn.pgconn
-    return pgconn.transaction_status == _INERROR or pgconn.pipeline_status == _PIPELINE_ABORTED
-
-
-def _raise_if_aborted(conn: psycopg.Connection[Any]) -> None:
-    """Blame the handler that returned normally but left the transaction aborted."""
-    if _aborted(conn):
-        raise left_aborted()
 
 
 class _Unguarded:
@@ -330,7 +284,7 @@ class _Unguarded:
         if exc is None:
             # Without a savepoint, the next handler's first statement would
             # fail and take the blame.
-            _raise_if_aborted(self._conn)
+            raise_if_aborted(self._conn)
 
 
 def apply_migrations(

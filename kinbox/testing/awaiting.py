@@ -6,13 +6,11 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from kinbox.store.loop import awaited
-
 T = TypeVar("T")
 
 
 class AwaitsAlone:
-    """A fake transaction's :meth:`~kinbox.core.inbox.Awaiting.wait`, without a loop thread.
+    """How a fake transaction awaits an async handler's call, without a loop thread.
 
     Each call gets a fresh loop (``asyncio.run``) on the calling thread: the
     fake has no connection a loop must own.
@@ -20,4 +18,8 @@ class AwaitsAlone:
 
     def wait(self, awaitable: Awaitable[T]) -> T:
         """Run an async handler's call to its end."""
-        return asyncio.run(awaited(awaitable))
+        return asyncio.run(_awaited(awaitable))
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable

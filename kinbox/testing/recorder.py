@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 from kinbox.core.errors import StoreError
 from kinbox.core.event import Event
 from kinbox.core.inbox import InboxStore, Invoke, async_store, session_opener
-from kinbox.core.steps import Claim, DeadLetterRow, Program, Seen, Step, Steps, rewrite
+from kinbox.core.steps import Call, Claim, DeadLetterRow, Program, Seen, Step, Steps, rewrite
 
 T = TypeVar("T")
 
@@ -93,7 +93,8 @@ class RecordingStore:
             such transaction the second...).
         watch: called with the transaction's connection at the fault point
             of every transaction that claimed something fresh (the
-            redelivery check reads which tables it wrote there).
+            redelivery check reads which tables it wrote there); for an
+            ``AsyncConnection``, it returns an awaitable, awaited there.
         injected: the faults injected so far, with the records they hit.
     """
 
@@ -101,7 +102,7 @@ class RecordingStore:
         self._inner = inner
         self.ledger = Ledger()
         self.faults: dict[Coordinates, list[Fault]] = {}
-        self.watch: Callable[[Any], None] | None = None
+        self.watch: Callable[[Any], object] | None = None
         self.injected: list[tuple[Fault, Coordinates]] = []
 
     def for_async(self) -> InboxStore:
@@ -116,8 +117,10 @@ class RecordingStore:
         """See :meth:`~kinbox.core.inbox.InboxStore.run`; faults apply."""
         return self.recorded(self._inner, program)
 
-    def recorded(self, inner: InboxStore, program: Program[T]) -> T:
+    def recorded(self, inner: InboxStore, program: Program[T], *, awaits: bool = False) -> T:
         """``program`` in a transaction of ``inner`` (this store's, or its async one), recorded.
+
+        ``awaits``: ``inner`` is the async one (:attr:`watch` returns an awaitable there).
 
         Faults apply, once the program has returned: the handlers ran, the
         dead letters were acknowledged, COMMIT comes next.
@@ -137,8 +140,7 @@ class RecordingStore:
             result = yield from rewrite(program(tx), noted)
             fault = self._take_fault(notes)
             if notes.fresh and self.watch is not None:
-                # An async transaction's connection has a blocking face too.
-                self.watch(getattr(tx, "bridged", tx.connection))
+                yield Call(self.watch, "unguarded", awaits=awaits)
             if fault == "crash":
                 raise InjectedCrash(f"injected: the worker died before COMMIT of {notes.fresh}")
             if fault == "transient":
@@ -186,7 +188,7 @@ class _AsyncView:
         self._inner = inner
 
     def run(self, program: Program[T]) -> T:
-        return self._recorder.recorded(self._inner, program)
+        return self._recorder.recorded(self._inner, program, awaits=True)
 
     def sessions(self, session_class: type) -> Callable[[Invoke], Invoke]:
         return session_opener(self._inner, session_class)

@@ -23,8 +23,9 @@ at a time, so the failure names the event, the fault and the table.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -194,7 +195,7 @@ class _Check:
                 tables = catalog(conn, client.schema)
                 before = take(conn, client.schema, tables)
             outside: set[str] = set()
-            client.store.watch = lambda tx: outside.update(_written_outside(tx, client.schema))
+            client.store.watch = partial(_written_outside, outside, client.schema)
             client.store.faults = {self.places[i]: list(f) for i, f in (faults or {}).items()}
             for message in self.messages:
                 client.deliver_message(message)
@@ -255,16 +256,31 @@ def _plan(
     return ({i: list(faults) for i in chosen} if faults else {}), duplicates
 
 
-def _written_outside(conn: psycopg.Connection[Any], schema: str) -> set[str]:
-    """The tables this transaction has written so far outside ``schema``.
+_WRITTEN_OUTSIDE = (
+    "SELECT schemaname || '.' || relname FROM pg_stat_xact_user_tables"
+    " WHERE n_tup_ins + n_tup_upd + n_tup_del > 0"
+    " AND schemaname <> %s AND schemaname NOT LIKE 'pg\\_temp%%'"
+)
+
+
+def _written_outside(
+    found: set[str], schema: str, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+) -> Awaitable[None] | None:
+    """Add to ``found`` the tables this transaction has written so far outside ``schema``.
 
     ``pg_stat_xact_user_tables`` counts the current transaction's own row
     changes at once (``pg_stat_user_tables`` only after it ends, and late).
+    On an ``AsyncConnection`` (an async handler's transaction), the awaitable
+    that does it.
     """
-    rows = conn.execute(
-        "SELECT schemaname || '.' || relname FROM pg_stat_xact_user_tables"
-        " WHERE n_tup_ins + n_tup_upd + n_tup_del > 0"
-        " AND schemaname <> %s AND schemaname NOT LIKE 'pg\\_temp%%'",
-        (schema,),
-    ).fetchall()
-    return {str(name) for (name,) in rows}
+    if isinstance(conn, psycopg.AsyncConnection):
+        return _written_outside_async(found, schema, conn)
+    found.update(str(name) for (name,) in conn.execute(_WRITTEN_OUTSIDE, (schema,)).fetchall())
+    return None
+
+
+async def _written_outside_async(
+    found: set[str], schema: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    rows = await (await conn.execute(_WRITTEN_OUTSIDE, (schema,))).fetchall()
+    found.update(str(name) for (name,) in rows)

@@ -1,10 +1,12 @@
 """The inbox stores under one contract: what a test does to each, and how it looks inside.
 
-A test speaks to the store only through the seam (:class:`InboxStore`) and a
-:class:`StoreSide`: the few things a handler does to ``tx`` (write, run a
-statement the database refuses, meet an outage), a way to lose the answer of
-the next COMMIT, and :meth:`StoreSide.row`, which reads a ``processed_events``
-row back — from the database for the real store, from its state for the fake.
+A test speaks to the store only through the seam (:meth:`InboxStore.run`,
+with programs of :mod:`kinbox.core.steps`) and a :class:`StoreSide`: a
+handler's call doing the few things a handler does to ``tx`` (write, run a
+statement the database refuses, swallow that, meet an outage, fail), a way
+to lose the answer of the next COMMIT, and :meth:`StoreSide.row`, which
+reads a ``processed_events`` row back — from the database for the real
+stores, from its state for the fake.
 """
 
 from __future__ import annotations
@@ -12,16 +14,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from kinbox.core.inbox import Awaiting, InboxStore, InboxTransaction
+from kinbox.core.inbox import InboxStore
+from kinbox.core.steps import Call, Guard
 from kinbox.store.awaiting import AsyncPostgresInboxStore
 from kinbox.store.postgres import PostgresInboxStore
 from kinbox.testing import FakeStore
+from kinbox.testing.store import FakeConn
 from tests.support.database import prepare_schema
 from tests.support.faultproxy import FaultProxy
 
@@ -37,36 +41,36 @@ class Row:
     offset: int
 
 
-class Transactional(InboxStore, Protocol):
-    """A store whose transactions the test holds open, step by step."""
-
-    def transaction(self) -> contextlib.AbstractContextManager[InboxTransaction]:
-        """Open a transaction; it commits when the block exits normally."""
+REFUSED = "<refused>"
+"""In a handler's call: a statement the database refuses for its content (division by zero)."""
+SWALLOWED = "<swallowed>"
+"""In a handler's call: such a statement, whose error the handler catches and carries on."""
+OUTAGE = "<outage>"
+"""In a handler's call: a statement meeting a database outage (its connection goes away)."""
+FAIL = "<fail>"
+"""In a handler's call: the handler raises ``RuntimeError("handler failed")``."""
 
 
 class StoreSide(Protocol):
     """One inbox store implementation, driven and inspected by the contract tests."""
 
     name: str
-    store: Transactional
+    store: InboxStore
 
-    def other_consumer(self) -> Transactional:
+    def other_consumer(self) -> InboxStore:
         """A store on the same data for another consumer group."""
+
+    def looker(self) -> InboxStore:
+        """A store of the same consumer whose ``known`` a program may call while it runs."""
+
+    def call(self, *does: str, guard: Guard = "unguarded") -> Call:
+        """A handler's call doing ``does`` in order: a value is written, the rest as named."""
 
     def row(self, event_id: str) -> Row | None:
         """The committed ``processed_events`` row of ``event_id`` for :data:`CONSUMER`."""
 
     def effects(self) -> list[str]:
         """What :meth:`write` committed, in order."""
-
-    def write(self, tx: InboxTransaction, value: str) -> None:
-        """A handler's statement on ``tx.connection`` that writes ``value``."""
-
-    def refused(self, tx: InboxTransaction) -> None:
-        """A handler's statement the database refuses for its content (division by zero)."""
-
-    def outage(self, tx: InboxTransaction) -> None:
-        """A handler's statement meeting a database outage (its connection goes away)."""
 
     def answer_lost(self) -> contextlib.AbstractContextManager[None]:
         """The next COMMIT in the block takes effect, but the client never hears back."""
@@ -79,9 +83,9 @@ class FakeSide:
 
     def __init__(self) -> None:
         self.fake = FakeStore()
-        self.store: Transactional = self.fake
+        self.store: InboxStore = self.fake
 
-    def other_consumer(self) -> Transactional:
+    def other_consumer(self) -> InboxStore:
         return FakeStore()  # one fake store is one consumer's processed_events
 
     def row(self, event_id: str) -> Row | None:
@@ -93,14 +97,27 @@ class FakeSide:
     def effects(self) -> list[str]:
         return list(self.fake.effects)
 
-    def write(self, tx: InboxTransaction, value: str) -> None:
-        tx.connection.effects.append(value)
+    def looker(self) -> InboxStore:
+        return self.fake
 
-    def refused(self, tx: InboxTransaction) -> None:
-        tx.connection.fail(psycopg.errors.DivisionByZero("division by zero"))
+    def call(self, *does: str, guard: Guard = "unguarded") -> Call:
+        def run(connection: FakeConn) -> None:
+            for what in does:
+                if what == REFUSED:
+                    connection.fail(psycopg.errors.DivisionByZero("division by zero"))
+                elif what == SWALLOWED:
+                    with contextlib.suppress(psycopg.Error):
+                        connection.fail(psycopg.errors.DivisionByZero("division by zero"))
+                elif what == OUTAGE:
+                    connection.lose(
+                        psycopg.OperationalError("server closed the connection unexpectedly")
+                    )
+                elif what == FAIL:
+                    raise RuntimeError("handler failed")
+                else:
+                    connection.effects.append(what)
 
-    def outage(self, tx: InboxTransaction) -> None:
-        tx.connection.lose(psycopg.OperationalError("server closed the connection unexpectedly"))
+        return Call(run, guard)
 
     @contextlib.contextmanager
     def answer_lost(self) -> Iterator[None]:
@@ -121,8 +138,8 @@ class PostgresSide:
         self._schema = sql.Identifier(schema)
         self._proxy = proxy
         self._via_proxy = make_conninfo(database_url, host="127.0.0.1", port=proxy.port)
-        self._stores = [self._open(CONSUMER)]
-        self.store: Transactional = self._stores[0]
+        self._stores: list[InboxStore] = []
+        self.store = self._open(CONSUMER)
         self._insert = sql.SQL("INSERT INTO {}.effects (event_id) VALUES (%s)").format(self._schema)
 
     @classmethod
@@ -139,17 +156,25 @@ class PostgresSide:
                 for store in side._stores:
                     store.close()
 
-    def _open(self, consumer: str) -> PostgresInboxStore:
-        store = self.kind(self._via_proxy, schema=self._schema_name, consumer=consumer)
+    def _open(self, consumer: str) -> InboxStore:
+        return self._opened(self.kind(self._via_proxy, schema=self._schema_name, consumer=consumer))
+
+    def _opened(self, store: PostgresInboxStore | AsyncPostgresInboxStore) -> InboxStore:
         store.open()
+        self._stores.append(store)
         return store
 
-    kind: type[PostgresInboxStore] = PostgresInboxStore
+    kind: type[PostgresInboxStore | AsyncPostgresInboxStore] = PostgresInboxStore
     """The store class this side runs."""
 
-    def other_consumer(self) -> Transactional:
-        self._stores.append(self._open(CONSUMER + "-other"))
-        return self._stores[-1]
+    def other_consumer(self) -> InboxStore:
+        return self._open(CONSUMER + "-other")
+
+    def looker(self) -> InboxStore:
+        # Sync: its look-up waits on the calling thread, wherever the program runs.
+        return self._opened(
+            PostgresInboxStore(self._via_proxy, schema=self._schema_name, consumer=CONSUMER)
+        )
 
     def _query(self, query: sql.Composed, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with psycopg.connect(self._url, autocommit=True) as conn:
@@ -169,21 +194,23 @@ class PostgresSide:
         query = sql.SQL("SELECT event_id FROM {}.effects ORDER BY seq").format(self._schema)
         return [r[0] for r in self._query(query)]
 
-    def write(self, tx: InboxTransaction, value: str) -> None:
-        self.handler_runs(tx, self._insert, (value,))
+    def _statement(self, what: str) -> tuple[sql.SQL | sql.Composed, tuple[Any, ...]]:
+        if what in (REFUSED, SWALLOWED):
+            return sql.SQL("SELECT 1/0"), ()
+        if what == OUTAGE:
+            # The server ends this backend, as an administrator or a restart would.
+            return sql.SQL("SELECT pg_terminate_backend(pg_backend_pid())"), ()
+        return self._insert, (what,)
 
-    def refused(self, tx: InboxTransaction) -> None:
-        self.handler_runs(tx, sql.SQL("SELECT 1/0"))
+    def call(self, *does: str, guard: Guard = "unguarded") -> Call:
+        def run(connection: psycopg.Connection[Any]) -> None:
+            for what in does:
+                if what == FAIL:
+                    raise RuntimeError("handler failed")
+                with contextlib.suppress(psycopg.Error) if what == SWALLOWED else _nothing():
+                    connection.execute(*self._statement(what))
 
-    def outage(self, tx: InboxTransaction) -> None:
-        # The server ends this backend, as an administrator or a restart would.
-        self.handler_runs(tx, sql.SQL("SELECT pg_terminate_backend(pg_backend_pid())"))
-
-    def handler_runs(
-        self, tx: InboxTransaction, statement: sql.SQL | sql.Composed, params: tuple[Any, ...] = ()
-    ) -> None:
-        """A handler's statement on ``tx.connection``."""
-        tx.connection.execute(statement, params)
+        return Call(run, guard)
 
     @contextlib.contextmanager
     def answer_lost(self) -> Iterator[None]:
@@ -200,16 +227,24 @@ class PostgresSide:
 
 
 class AsyncPostgresSide(PostgresSide):
-    """:class:`AsyncPostgresInboxStore`: the same transaction code on an ``AsyncConnection``.
+    """:class:`AsyncPostgresInboxStore`: the same programs on an ``AsyncConnection``, on its loop.
 
-    Its handler statements are awaited on the store's loop, as an async handler's are.
+    Its handler calls are awaited there, as an async handler's are.
     """
 
     name = "async-postgres"
     kind = AsyncPostgresInboxStore
 
-    def handler_runs(
-        self, tx: InboxTransaction, statement: sql.SQL | sql.Composed, params: tuple[Any, ...] = ()
-    ) -> None:
-        connection: psycopg.AsyncConnection[Any] = tx.connection
-        cast(Awaiting, tx).wait(connection.execute(statement, params))
+    def call(self, *does: str, guard: Guard = "unguarded") -> Call:
+        async def run(connection: psycopg.AsyncConnection[Any]) -> None:
+            for what in does:
+                if what == FAIL:
+                    raise RuntimeError("handler failed")
+                with contextlib.suppress(psycopg.Error) if what == SWALLOWED else _nothing():
+                    await connection.execute(*self._statement(what))
+
+        return Call(run, guard, awaits=True)
+
+
+def _nothing() -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()

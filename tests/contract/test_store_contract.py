@@ -1,18 +1,19 @@
-"""The inbox store contract, run over the fake store and the real PostgreSQL store.
+"""The inbox store contract, run over the fake store and the real PostgreSQL stores, sync and async.
 
-What the batch processor relies on (:mod:`kinbox.core.inbox`), checked through
-the seam alone plus a look at the committed ``processed_events`` rows: the
-claim decides freshness once per (consumer, id), across transactions and
-within one claim; a rollback forgets a claim; a replay may take over a
-dead-lettered row and nothing else; savepoints undo only their own work; a
-handler that swallows a database error is blamed; an outage is told from an
-event's fault; and an ambiguous COMMIT has happened.
+What the batch processor relies on (:mod:`kinbox.core.inbox`, :mod:`kinbox.core.steps`),
+checked through the seam alone — programs run by :meth:`InboxStore.run` —
+plus a look at the committed ``processed_events`` rows: the claim decides
+freshness once per (consumer, id), across transactions and within one
+claim; a rollback forgets a claim; a replay may take over a dead-lettered
+row and nothing else; savepoints undo only their own work; a handler that
+swallows a database error is blamed; an outage is told from an event's
+fault; and an ambiguous COMMIT has happened.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import psycopg
 import pytest
@@ -20,21 +21,31 @@ import pytest
 from kinbox.core.describe import storable
 from kinbox.core.errors import StoreError
 from kinbox.core.event import Event
-from tests.contract.store_sides import Row, StoreSide, Transactional
+from kinbox.core.inbox import InboxStore
+from kinbox.core.steps import Claim, DeadLetterRow, Guard, Seen, Steps
+from tests.contract.store_sides import FAIL, OUTAGE, REFUSED, SWALLOWED, Row, StoreSide
 
 T = "contract-events"
+GUARDS: tuple[Guard, ...] = ("savepoint", "unguarded")
 
 
 def ev(event_id: str, offset: int = 0) -> Event:
     return Event(id=event_id, topic=T, partition=0, offset=offset, key=None, value=b"{}")
 
 
-def claim(
-    store: Transactional, *events: Event, reclaim: Sequence[str] = ()
-) -> list[tuple[str, int]]:
+def claim(store: InboxStore, *events: Event, reclaim: Sequence[str] = ()) -> list[tuple[str, int]]:
     """Claim ``events`` in a transaction of their own; the fresh ones as (id, offset)."""
-    with store.transaction() as tx:
-        return [(e.id, e.offset) for e in tx.claim(list(events), reclaim)]
+
+    def program(_tx: Seen) -> Steps[list[Event]]:
+        fresh: list[Event] = yield Claim(list(events), reclaim)
+        return fresh
+
+    return [(e.id, e.offset) for e in store.run(program)]
+
+
+def run(store: InboxStore, program: Callable[[], Steps[Any]]) -> Any:
+    """``program`` (which needs nothing of its transaction) in a transaction of ``store``."""
+    return store.run(lambda _tx: program())
 
 
 def test_a_claim_returns_the_fresh_events_in_the_order_given(inbox: StoreSide) -> None:
@@ -64,10 +75,14 @@ def test_a_claim_keeps_every_id_exactly_whatever_characters_it_holds(inbox: Stor
 
 def test_known_reads_the_consumers_committed_rows_only_and_never_waits(inbox: StoreSide) -> None:
     claim(inbox.store, ev("a", 0), *[ev(event_id, 1) for event_id in AWKWARD_IDS])
-    with inbox.store.transaction() as tx:
-        tx.claim([ev("b", 2)])
+    looker = inbox.looker()
+
+    def program() -> Steps[None]:
+        yield Claim([ev("b", 2)])
         # b is claimed, not committed: neither seen nor waited for
-        assert inbox.store.known({"a", "b", "c"}) == {"a"}
+        assert looker.known({"a", "b", "c"}) == {"a"}
+
+    run(inbox.store, program)
     assert inbox.store.known({"a", "b", "c"}) == {"a", "b"}
     assert inbox.store.known(set(AWKWARD_IDS)) == set(AWKWARD_IDS)
     assert inbox.store.known(set()) == set()
@@ -101,9 +116,12 @@ def test_the_dedup_scope_is_the_consumer(inbox: StoreSide) -> None:
 
 
 def test_a_rolled_back_claim_is_forgotten(inbox: StoreSide) -> None:
-    with pytest.raises(RuntimeError), inbox.store.transaction() as tx:
-        assert len(tx.claim([ev("a"), ev("b", 1)])) == 2
+    def program() -> Steps[None]:
+        assert len((yield Claim([ev("a"), ev("b", 1)]))) == 2
         raise RuntimeError("the batch failed")
+
+    with pytest.raises(RuntimeError):
+        run(inbox.store, program)
     assert inbox.row("a") is None
     assert claim(inbox.store, ev("a"), ev("b", 1)) == [("a", 0), ("b", 1)]
 
@@ -111,9 +129,11 @@ def test_a_rolled_back_claim_is_forgotten(inbox: StoreSide) -> None:
 def test_a_replay_takes_over_a_dead_lettered_row_and_never_an_applied_one(
     inbox: StoreSide,
 ) -> None:
-    with inbox.store.transaction() as tx:
-        dead, _ = tx.claim([ev("dead", 0), ev("applied", 1)])
-        tx.dead_letter(dead, "handler-error: boom")
+    def program() -> Steps[None]:
+        dead, _ = yield Claim([ev("dead", 0), ev("applied", 1)])
+        yield DeadLetterRow(dead, "handler-error: boom")
+
+    run(inbox.store, program)
     # Redelivered as it was: both are duplicates
     assert claim(inbox.store, ev("dead", 0), ev("applied", 1)) == []
     # Replayed (kinbox dlq replay): the dead-lettered one is fresh again, once
@@ -136,9 +156,12 @@ REASONS = {
 @pytest.mark.parametrize("name", sorted(REASONS))
 def test_dead_letter_records_any_reason_as_storable_text(inbox: StoreSide, name: str) -> None:
     reason = REASONS[name]
-    with inbox.store.transaction() as tx:
-        [event] = tx.claim([ev("bad", 3)])
-        tx.dead_letter(event, reason)
+
+    def program() -> Steps[None]:
+        [event] = yield Claim([ev("bad", 3)])
+        yield DeadLetterRow(event, reason)
+
+    run(inbox.store, program)
     row = inbox.row("bad")
     assert row == Row("dead_lettered", storable(reason, "UTF8"), 3)
     assert row.reason is not None and len(row.reason.encode()) <= 1000
@@ -147,10 +170,14 @@ def test_dead_letter_records_any_reason_as_storable_text(inbox: StoreSide, name:
 
 def test_a_dead_letter_goes_with_its_rolled_back_transaction(inbox: StoreSide) -> None:
     claim(inbox.store, ev("kept"))
-    with pytest.raises(RuntimeError), inbox.store.transaction() as tx:
-        [event] = tx.claim([ev("bad", 1)])
-        tx.dead_letter(event, "handler-error")
+
+    def program() -> Steps[None]:
+        [event] = yield Claim([ev("bad", 1)])
+        yield DeadLetterRow(event, "handler-error")
         raise RuntimeError("the dead letter's publish failed")
+
+    with pytest.raises(RuntimeError):
+        run(inbox.store, program)
     assert inbox.row("bad") is None and inbox.row("kept") == Row("applied", None, 0)
 
 
@@ -158,28 +185,29 @@ def test_a_dead_letter_goes_with_its_rolled_back_transaction(inbox: StoreSide) -
 def test_an_id_the_driver_cannot_send_is_refused_and_the_transaction_goes_on(
     inbox: StoreSide, event_id: str
 ) -> None:
-    with inbox.store.transaction() as tx:
+    def program() -> Steps[None]:
         with pytest.raises(StoreError) as refused:
-            tx.claim([ev("a"), ev(event_id, 1)])
+            yield Claim([ev("a"), ev(event_id, 1)])
         assert not refused.value.transient
         # refused before anything was sent: the transaction is still usable
-        assert [e.id for e in tx.claim([ev("a")])] == ["a"]
+        assert [e.id for e in (yield Claim([ev("a")]))] == ["a"]
+
+    run(inbox.store, program)
     assert inbox.row("a") == Row("applied", None, 0)
 
 
 def test_a_savepoint_undoes_its_own_work_only(inbox: StoreSide) -> None:
-    with inbox.store.transaction() as tx:
-        tx.claim([ev("a"), ev("b", 1), ev("c", 2), ev("d", 3)])
-        with tx.savepoint():
-            inbox.write(tx, "a")
-        with pytest.raises(RuntimeError), tx.savepoint():
-            inbox.write(tx, "b")
-            raise RuntimeError("handler b failed")
-        with pytest.raises(StoreError) as refused, tx.savepoint():
-            inbox.write(tx, "c")
-            inbox.refused(tx)
+    def program() -> Steps[None]:
+        yield Claim([ev("a"), ev("b", 1), ev("c", 2), ev("d", 3)])
+        yield inbox.call("a", guard="savepoint")
+        with pytest.raises(RuntimeError, match="handler failed"):
+            yield inbox.call("b", FAIL, guard="savepoint")
+        with pytest.raises(StoreError) as refused:
+            yield inbox.call("c", REFUSED, guard="savepoint")
         assert not refused.value.transient and "DivisionByZero" in str(refused.value)
-        inbox.write(tx, "d")
+        yield inbox.call("d")
+
+    run(inbox.store, program)
     assert inbox.effects() == ["a", "d"]
     assert [inbox.row(i) for i in "abcd"] == [Row("applied", None, o) for o in range(4)]
 
@@ -188,41 +216,36 @@ def test_a_savepoint_whose_block_swallowed_a_database_error_blames_that_block(
     inbox: StoreSide,
 ) -> None:
     # Given a handler that catches a refused statement and returns normally
-    with inbox.store.transaction() as tx:
-        tx.claim([ev("swallow"), ev("next", 1)])
-        with (
-            pytest.raises(StoreError, match="left the transaction aborted") as blamed,
-            tx.savepoint(),
-        ):
-            inbox.write(tx, "swallow")
-            with contextlib.suppress(psycopg.Error):
-                inbox.refused(tx)
+    def program() -> Steps[None]:
+        yield Claim([ev("swallow"), ev("next", 1)])
+        with pytest.raises(StoreError, match="left the transaction aborted") as blamed:
+            yield inbox.call("swallow", SWALLOWED, guard="savepoint")
         assert not blamed.value.transient
         # Then its work is rolled back, and the next event's savepoint works
-        with tx.savepoint():
-            inbox.write(tx, "next")
+        yield inbox.call("next", guard="savepoint")
+
+    run(inbox.store, program)
     assert inbox.effects() == ["next"]
 
 
 def test_unguarded_translates_a_refused_statement(inbox: StoreSide) -> None:
-    with pytest.raises(StoreError) as refused, inbox.store.transaction() as tx:
-        tx.claim([ev("a")])
-        with tx.unguarded():
-            inbox.refused(tx)
+    def program() -> Steps[None]:
+        yield Claim([ev("a")])
+        yield inbox.call(REFUSED)
+
+    with pytest.raises(StoreError) as refused:
+        run(inbox.store, program)
     assert not refused.value.transient
     assert inbox.row("a") is None
 
 
 def test_unguarded_blames_a_block_that_left_the_transaction_aborted(inbox: StoreSide) -> None:
-    with (
-        pytest.raises(StoreError, match="left the transaction aborted") as blamed,
-        inbox.store.transaction() as tx,
-    ):
-        tx.claim([ev("a")])
-        with tx.unguarded():
-            inbox.write(tx, "a")
-            with contextlib.suppress(psycopg.Error):
-                inbox.refused(tx)
+    def program() -> Steps[None]:
+        yield Claim([ev("a")])
+        yield inbox.call("a", SWALLOWED)
+
+    with pytest.raises(StoreError, match="left the transaction aborted") as blamed:
+        run(inbox.store, program)
     assert not blamed.value.transient
     assert inbox.row("a") is None and inbox.effects() == []
 
@@ -230,17 +253,19 @@ def test_unguarded_blames_a_block_that_left_the_transaction_aborted(inbox: Store
 def test_an_aborted_transaction_refuses_kinbox_statements_and_commits_nothing(
     inbox: StoreSide,
 ) -> None:
-    with pytest.raises(StoreError) as at_commit, inbox.store.transaction() as tx:
-        [event] = tx.claim([ev("a")])
-        inbox.write(tx, "a")
-        with contextlib.suppress(psycopg.Error):
-            inbox.refused(tx)  # outside any guard, swallowed
-        for statement in (lambda: tx.claim([ev("b", 1)]), lambda: tx.dead_letter(event, "x")):
+    def program() -> Steps[None]:
+        [event] = yield Claim([ev("a")])
+        with pytest.raises(StoreError, match="left the transaction aborted"):
+            yield inbox.call("a", SWALLOWED)  # blamed, and the blame ignored
+        for step in (Claim([ev("b", 1)]), DeadLetterRow(event, "x")):
             with pytest.raises(StoreError, match="InFailedSqlTransaction") as refused:
-                statement()
+                yield step
             assert not refused.value.transient
-        # Leaving the block normally: PostgreSQL would answer this COMMIT with
-        # a ROLLBACK, and psycopg would raise nothing; the store raises.
+        # Returning normally: PostgreSQL would answer this COMMIT with a
+        # ROLLBACK, and psycopg would raise nothing; the store raises.
+
+    with pytest.raises(StoreError) as at_commit:
+        run(inbox.store, program)
     assert not at_commit.value.transient
     assert "COMMIT of an aborted transaction" in str(at_commit.value)
     assert inbox.row("a") is None and inbox.effects() == []
@@ -250,36 +275,38 @@ def test_an_aborted_transaction_refuses_kinbox_statements_and_commits_nothing(
 
 def test_outage_tells_a_database_outage_from_the_events_fault(inbox: StoreSide) -> None:
     # A content error: the event's fault, not an outage
-    with pytest.raises(StoreError, match="COMMIT of an aborted"), inbox.store.transaction() as tx:
-        tx.claim([ev("a")])
-        try:
-            with tx.savepoint():
-                inbox.refused(tx)
-        except StoreError as exc:
-            assert tx.outage(exc) is None and tx.conflict(exc) is None
-        try:
-            inbox.refused(tx)
-        except psycopg.Error as exc:
-            assert tx.outage(exc) is None and tx.conflict(exc) is None
-            assert tx.outage(RuntimeError("wrapped")) is None
+    def content(tx: Seen) -> Steps[None]:
+        yield Claim([ev("a")])
+        for guard in GUARDS:
+            with pytest.raises(StoreError) as refused:
+                yield inbox.call(REFUSED, guard=guard)
+            assert tx.outage(refused.value) is None and tx.conflict(refused.value) is None
+            assert tx.outage(refused.value.__cause__ or refused.value) is None
+        assert tx.outage(RuntimeError("wrapped")) is None
         # The same error caught: what the handler's next statement meets is its own too
-        try:
-            inbox.write(tx, "a")
-        except psycopg.Error as exc:
-            assert tx.outage(exc) is None and tx.conflict(exc) is None
+        with pytest.raises(StoreError) as next_one:
+            yield inbox.call("a")
+        assert tx.outage(next_one.value) is None and tx.conflict(next_one.value) is None
+
+    with pytest.raises(StoreError, match="COMMIT of an aborted"):
+        inbox.store.run(content)
+
     # The connection goes away under a handler: an outage, also when wrapped
-    with pytest.raises((StoreError, psycopg.Error)), inbox.store.transaction() as tx:
-        tx.claim([ev("b", 1)])
+    def outage(tx: Seen) -> Steps[None]:
+        yield Claim([ev("b", 1)])
         try:
-            inbox.outage(tx)
-        except psycopg.Error as exc:
+            yield inbox.call(OUTAGE)
+        except Exception as exc:
             wrapped = RuntimeError("the handler wrapped it")
             wrapped.__cause__ = exc
             for raised in (exc, wrapped):
-                outage = tx.outage(raised)
-                assert outage is not None and outage.transient, raised
+                found = tx.outage(raised)
+                assert found is not None and found.transient, raised
             raise
         pytest.fail("no outage")
+
+    with pytest.raises((StoreError, psycopg.Error)):
+        inbox.store.run(outage)
     # and the store works again afterwards, with nothing of that transaction kept
     assert inbox.row("b") is None
     assert claim(inbox.store, ev("b", 1)) == [("b", 1)]
@@ -289,9 +316,12 @@ def test_an_ambiguous_commit_happened_and_its_claims_are_found_next_time(
     inbox: StoreSide,
 ) -> None:
     # Given a COMMIT that takes effect but whose answer never reaches the client
-    with inbox.answer_lost(), pytest.raises(StoreError) as lost, inbox.store.transaction() as tx:
-        tx.claim([ev("a", 0), ev("b", 1)])
-        inbox.write(tx, "a")
+    def program() -> Steps[None]:
+        yield Claim([ev("a", 0), ev("b", 1)])
+        yield inbox.call("a")
+
+    with inbox.answer_lost(), pytest.raises(StoreError) as lost:
+        run(inbox.store, program)
     # Then the client sees a transient error (the batch will be retried) ...
     assert lost.value.transient, lost.value
     # ... and the retry finds the ids recorded: the effect is not applied twice

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Awaitable, Iterator
-from typing import Any, cast
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
 
 import psycopg
 import pytest
@@ -17,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from kinbox.app import App
 from kinbox.core.errors import DeadLetter, StoreError, TransactionControlError
 from kinbox.core.event import Event
-from kinbox.core.inbox import Awaiting
+from kinbox.core.steps import Call, Seen, Settle, Steps, pipelined
 from kinbox.devstack.stack import Stack
 from kinbox.params.wrap import prepare
 from kinbox.store.awaiting import AsyncPostgresInboxStore, MixedInboxStore
@@ -241,12 +242,25 @@ def test_an_async_handler_cannot_end_the_inbox_transaction(
 
     for handler, verb in ((commits, "commit"), (rolls_back, "roll back")):
         call = prepare(handler, batch=False, where="test").bound(async_store, None).call
-        with (
-            pytest.raises(TransactionControlError, match=f"cannot {verb} the inbox transaction"),
-            async_store.transaction() as tx,
-        ):
-            cast(Awaiting, tx).wait(cast(Awaitable[None], call(one_event(), tx.connection)))
+        with pytest.raises(TransactionControlError, match=f"cannot {verb} the inbox transaction"):
+            async_store.run(partial(calls, partial(call, one_event())))
     assert note_rows(db, notes) == []
+
+
+def execute(
+    query: Any, params: tuple[Any, ...], connection: psycopg.AsyncConnection[Any]
+) -> object:
+    return connection.execute(query, params)
+
+
+def calling(run: Callable[[Any], object]) -> Steps[object]:
+    """A program that makes one awaited call on the connection, without a savepoint."""
+    return (yield Call(run, "unguarded", awaits=True))
+
+
+def calls(run: Callable[[Any], object], _tx: Seen) -> Steps[object]:
+    """A transaction whose program is :func:`calling` ``run``."""
+    return calling(run)
 
 
 def test_an_outage_seen_by_an_async_handler_is_an_outage(
@@ -261,36 +275,38 @@ def test_an_outage_seen_by_an_async_handler_is_an_outage(
         await tx.execute("SELECT 1")
 
     outages = []
-    with pytest.raises((psycopg.Error, StoreError)), async_store.transaction() as tx:
+
+    def program(tx: Seen) -> Steps[object]:
         try:
-            cast(Awaiting, tx).wait(handler(one_event(), tx.connection))
+            return (yield from calling(lambda c: handler(one_event(), c)))
         except Exception as exc:
             outages.append(tx.outage(exc))
             raise
+
+    with pytest.raises((psycopg.Error, StoreError)):
+        async_store.run(program)
     [outage] = outages
     assert outage is not None and outage.transient
 
 
-def test_the_bridge_drives_a_real_pipeline_and_sees_its_failure(
+def test_the_async_store_drives_a_real_pipeline_and_sees_its_failure(
     async_store: AsyncPostgresInboxStore, notes: str, db: Conn
 ) -> None:
-    # What the pipelined optimistic pass uses (psycopg pipeline mode), over the bridge
+    # What the pipelined optimistic pass uses (psycopg pipeline mode), on the loop
     insert = sql.SQL("INSERT INTO {}.notes (event_id, text) VALUES (%s, 'p')").format(
         sql.Identifier(notes)
     )
-    with async_store.transaction() as tx:
-        bridged: Any = cast(Any, tx).bridged
-        with bridged.pipeline() as pipeline:
-            for n in range(3):  # a handler's statements, sent without waiting
-                cast(Awaiting, tx).wait(tx.connection.execute(insert, (f"p{n}",)))
-            pipeline.sync()
-            assert bridged.pgconn.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+
+    def statements(*queries: tuple[Any, tuple[Any, ...]], settle: bool) -> Steps[object]:
+        for query, params in queries:  # a handler's statements, sent without waiting
+            yield from calling(partial(execute, query, params))
+        return (yield Settle()) if settle else None
+
+    inserts = [(insert, (f"p{n}",)) for n in range(3)]
+    assert async_store.run(lambda _tx: pipelined(statements(*inserts, settle=True))) is True
     assert [r[0] for r in note_rows(db, notes)] == ["p0", "p1", "p2"]
 
-    with pytest.raises(StoreError, match="DivisionByZero"), async_store.transaction() as tx:
-        bridged = cast(Any, tx).bridged
-        with bridged.pipeline() as pipeline:
-            cast(Awaiting, tx).wait(tx.connection.execute(insert, ("lost",)))
-            cast(Awaiting, tx).wait(tx.connection.execute("SELECT 1/0"))
-            pipeline.sync()
+    failing = [(insert, ("lost",)), ("SELECT 1/0", ())]
+    with pytest.raises(StoreError, match="DivisionByZero"):
+        async_store.run(lambda _tx: pipelined(statements(*failing, settle=False)))
     assert [r[0] for r in note_rows(db, notes)] == ["p0", "p1", "p2"]

@@ -1,4 +1,4 @@
-"""The contenders: kinbox three ways, the article's design, FastStream + an inbox, hand-written.
+"""The contenders: kinbox five ways, the article's design, FastStream + an inbox, hand-written.
 
 Every contender consumes the same events from the same topic and partitions
 and writes one business row per event (:mod:`kinbox.bench.effects`) into the
@@ -57,6 +57,14 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender(
         "kinbox-batch", "kinbox @handler(batch=True)", f"{_HERE}.kinbox_runner:run_batch",
         app=f"{_HERE}.deployed:batch",
+    ),
+    Contender(
+        "kinbox-each-async", "kinbox async @handler (per event)",
+        f"{_HERE}.kinbox_runner:run_each_async",
+    ),
+    Contender(
+        "kinbox-batch-async", "kinbox async @handler(batch=True)",
+        f"{_HERE}.kinbox_runner:run_batch_async",
     ),
     Contender(
         "inbox-off", "kinbox batch, inbox off (at-least-once)",

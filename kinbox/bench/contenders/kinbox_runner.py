@@ -26,8 +26,10 @@ from kinbox.core.inbox import InboxStore
 from kinbox.core.steps import Claim, DeadLetterRow, Program, Step, Steps, rewrite
 
 
-def app(spec: ChildSpec, *, batch: bool) -> App:
+def app(spec: ChildSpec, *, batch: bool, awaits: bool = False) -> App:
     """A kinbox app writing one effect row per event (set-based when ``batch``).
+
+    With ``awaits``, its handler is ``async def``, on an ``AsyncConnection``.
 
     The statements are rendered to text once, so a handler executes a plain
     SQL string as the docs' example does: the run's schema and table are only
@@ -36,6 +38,8 @@ def app(spec: ChildSpec, *, batch: bool) -> App:
     CPU, spent on the benchmark's own naming, not on kinbox or the database).
     """
     application = App(group_id=spec.group, schema=spec.schema)
+    if awaits:
+        return _async_app(application, spec, batch=batch)
     if batch:
         insert = effects.insert_many(spec.schema, spec.table).as_bytes()
 
@@ -49,6 +53,26 @@ def app(spec: ChildSpec, *, batch: bool) -> App:
 
         def handle(event: Event, tx: Any) -> None:
             tx.execute(one, _row(event))
+
+        application.handler(spec.topic)(handle)
+    return application
+
+
+def _async_app(application: App, spec: ChildSpec, *, batch: bool) -> App:
+    """:func:`app`'s handlers, ``async def``: the same statements, awaited."""
+    if batch:
+        insert = effects.insert_many(spec.schema, spec.table).as_bytes()
+
+        async def handle_batch(events: list[Event], tx: Any) -> None:
+            rows = [_row(e) for e in events]
+            await tx.execute(insert, [list(c) for c in zip(*rows, strict=True)])
+
+        application.handler(spec.topic, batch=True)(handle_batch)
+    else:
+        one = effects.insert_one(spec.schema, spec.table).as_bytes()
+
+        async def handle(event: Event, tx: Any) -> None:
+            await tx.execute(one, _row(event))
 
         application.handler(spec.topic)(handle)
     return application
@@ -89,6 +113,22 @@ def run_batch(spec: ChildSpec) -> None:
     from kinbox.ops.worker import run
 
     application = app(spec, batch=True)
+    run(application, settings(application, spec))
+
+
+def run_each_async(spec: ChildSpec) -> None:
+    """``async def`` ``@handler``: one awaited call per fresh event."""
+    from kinbox.ops.worker import run
+
+    application = app(spec, batch=False, awaits=True)
+    run(application, settings(application, spec))
+
+
+def run_batch_async(spec: ChildSpec) -> None:
+    """``async def`` ``@handler(batch=True)``: one awaited call per partition batch."""
+    from kinbox.ops.worker import run
+
+    application = app(spec, batch=True, awaits=True)
     run(application, settings(application, spec))
 
 

@@ -1,0 +1,147 @@
+"""What the inbox transaction's steps send and how their answers read, without I/O.
+
+The sync transaction (:mod:`kinbox.store.postgres`) and the async one
+(:mod:`kinbox.store.awaiting`) each run these over their own connection, so
+the two send the same statements with the same parameters and judge the
+connection's state the same way; only the waiting differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import psycopg
+
+from kinbox.core.describe import describe, storable
+from kinbox.core.errors import ConflictError, StoreError
+from kinbox.core.event import Event
+from kinbox.core.inbox import first_occurrences
+from kinbox.core.traceparent import trace_id
+from kinbox.store.arrays import hex_array, int_array, text_array
+from kinbox.store.errors import Connection, behind, left_aborted
+from kinbox.store.statements import InboxStatements
+
+_INERROR = psycopg.pq.TransactionStatus.INERROR
+_PIPELINE_ABORTED = psycopg.pq.PipelineStatus.ABORTED
+
+Statement = tuple[bytes, tuple[Any, ...]]
+"""A statement and its parameters."""
+
+
+class ClaimPlan:
+    """The statements of one claim, and which of its events the answers make fresh.
+
+    One statement per partition of each group (plain, replayed), so topic and
+    partition are plain parameters. Duplicates within ``events`` are dropped
+    first: the first occurrence of an id wins.
+    """
+
+    __slots__ = ("_unique", "fresh", "statements")
+
+    def __init__(
+        self,
+        sql: InboxStatements,
+        consumer: str,
+        events: Sequence[Event],
+        reclaim: Collection[str] = (),
+    ) -> None:
+        self._unique = first_occurrences(events)
+        plain = [e for e in self._unique if e.id not in reclaim]
+        replayed = [e for e in self._unique if e.id in reclaim]
+        self.statements: list[Statement] = [
+            (statement, params)
+            for statement, group in ((sql.claim, plain), (sql.reclaim, replayed))
+            for params in _by_partition(consumer, group)
+        ]
+        """What to run, in order; each returns the ids it claimed (:meth:`take`)."""
+        self.fresh: set[str] = set()
+
+    def take(self, rows: Sequence[Sequence[Any]]) -> None:
+        """One statement's rows: ids it claimed."""
+        self.fresh.update(row[0] for row in rows)
+
+    def result(self) -> list[Event]:
+        """The fresh events, in the order given."""
+        return [e for e in self._unique if e.id in self.fresh]
+
+
+def _by_partition(consumer: str, events: Sequence[Event]) -> list[tuple[Any, ...]]:
+    partitions: dict[tuple[str, int], list[Event]] = {}
+    for event in events:
+        partitions.setdefault((event.topic, event.partition), []).append(event)
+    return [
+        (
+            consumer,
+            topic,
+            partition,
+            text_array([e.id for e in group]),
+            int_array(e.offset for e in group),
+            # Parsed here, never failing: a malformed header stores NULL.
+            hex_array(trace_id(e.headers) for e in group),
+        )
+        for (topic, partition), group in partitions.items()
+    ]
+
+
+def dead_letter(
+    sql: InboxStatements, consumer: str, event: Event, reason: str, info: psycopg.ConnectionInfo
+) -> Statement:
+    """The statement that dead-letters ``event``'s row, ``reason`` made storable there."""
+    text = storable(reason, info.parameter_status("server_encoding"))
+    return sql.dead_letter, (text, consumer, event.id)
+
+
+def unsendable(exc: ValueError) -> StoreError:
+    """Psycopg could not encode a parameter (an id the client encoding has no code for)."""
+    return StoreError(describe(exc), transient=False)
+
+
+def aborted(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether ``conn``'s transaction is aborted (a statement in it failed).
+
+    In pipeline mode the transaction's status reads active until the
+    pipeline is synced, but the pipeline's own says aborted as soon as a
+    failed statement's result has been read (a handler's fetch did).
+    """
+    # libpq tracks both locally: no round trip (and through pgconn, not
+    # conn.info, which builds an object per call: this runs per event).
+    pgconn = conn.pgconn
+    return pgconn.transaction_status == _INERROR or pgconn.pipeline_status == _PIPELINE_ABORTED
+
+
+def raise_if_aborted(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Blame the handler that returned normally but left the transaction aborted."""
+    if aborted(conn):
+        raise left_aborted()
+
+
+def after_pipeline(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], was_refused: bool
+) -> None:
+    """Judge a pipelined block that ended normally.
+
+    Raises:
+        StoreError: the block left the transaction aborted, or the pipeline
+            refused a call that a handler then caught (one that raised it
+            failed the pass already).
+    """
+    raise_if_aborted(conn)
+    if was_refused:
+        raise StoreError(
+            "NotSupportedError: a handler's COPY, stream() or server-side cursor was "
+            "refused in pipeline mode",
+            transient=False,
+        )
+
+
+def outage(exc: BaseException, conn: Connection) -> StoreError | None:
+    """The outage behind what a handler raised on ``conn`` (:meth:`InboxTransaction.outage`)."""
+    found = behind(exc, conn)
+    return None if isinstance(found, ConflictError) else found
+
+
+def conflict(exc: BaseException, conn: Connection) -> ConflictError | None:
+    """The conflict behind what a handler raised on ``conn`` (:meth:`InboxTransaction.conflict`)."""
+    found = behind(exc, conn)
+    return found if isinstance(found, ConflictError) else None
