@@ -33,6 +33,7 @@ from kinbox.core.names import sql_identifier
 from kinbox.core.steps import Program
 from kinbox.store.arrays import text_array
 from kinbox.store.async_transaction import AsyncTransaction, drive_async
+from kinbox.store.checkout import Checkout
 from kinbox.store.cursors import configure_async
 from kinbox.store.errors import aborted_at_commit, translate
 from kinbox.store.loop import LoopThread
@@ -55,19 +56,21 @@ class AsyncPostgresInboxStore:
         self._sql = InboxStatements.of(sql_identifier(schema, setting="schema"))
         self._consumer = consumer
         self._loop = LoopThread("kinbox-async-handlers")
+        self._checkout = Checkout()
         self._opened = False
         self._opening = threading.Lock()
 
         async def make() -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
             # On the loop: asyncio's objects belong to the loop they are made
-            # on. As the sync pool's, the check turns a connection a server
-            # restart killed into a fresh one instead of a failed batch.
+            # on. The check is the sync pool's (kinbox.store.checkout): a
+            # connection a server restart killed is replaced instead of
+            # failing a batch, mostly without a round trip.
             return AsyncConnectionPool(
                 conninfo,
                 min_size=1,
                 max_size=max(1, pool_size),
                 open=False,
-                check=AsyncConnectionPool.check_connection,
+                check=self._checkout.check_async,
                 configure=configure_async,
                 name="kinbox-inbox-async",
             )
@@ -103,14 +106,17 @@ class AsyncPostgresInboxStore:
         try:
             async with self._pool.connection() as conn:
                 held = conn
-                async with conn.transaction():
-                    result = await drive_async(
-                        program, AsyncTransaction(conn, self._consumer, self._sql)
-                    )
-                    # psycopg would send COMMIT, PostgreSQL would answer
-                    # ROLLBACK, and nothing would be raised.
-                    if aborted(conn):
-                        raise aborted_at_commit()
+                try:
+                    async with conn.transaction():
+                        result = await drive_async(
+                            program, AsyncTransaction(conn, self._consumer, self._sql)
+                        )
+                        # psycopg would send COMMIT, PostgreSQL would answer
+                        # ROLLBACK, and nothing would be raised.
+                        if aborted(conn):
+                            raise aborted_at_commit()
+                finally:
+                    self._checkout.given_back(conn)
                 return result
         except psycopg.Error as exc:
             # Taking a connection, BEGIN, COMMIT or ROLLBACK: COMMIT runs the
@@ -139,6 +145,7 @@ class AsyncPostgresInboxStore:
                 finally:
                     if not conn.closed:
                         await conn.set_autocommit(False)
+                    self._checkout.given_back(conn)
         except psycopg.Error as exc:  # taking a connection, or setting autocommit
             raise translate(exc) from exc
         except ValueError as exc:  # an id the client encoding cannot encode

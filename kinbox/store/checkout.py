@@ -17,10 +17,12 @@ from __future__ import annotations
 import select
 import time
 import weakref
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+_Connection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
 
 RECHECK_AFTER = 30.0
 """Seconds a connection may sit in the pool before its check costs a round trip."""
@@ -34,11 +36,9 @@ class Checkout:
     """
 
     def __init__(self) -> None:
-        self._returned: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._returned: weakref.WeakKeyDictionary[_Connection, float] = weakref.WeakKeyDictionary()
 
-    def given_back(self, conn: psycopg.Connection[Any]) -> None:
+    def given_back(self, conn: _Connection) -> None:
         """Note that ``conn`` goes back to the pool now, idle."""
         self._returned[conn] = time.monotonic()
 
@@ -49,21 +49,43 @@ class Checkout:
             psycopg.OperationalError: the connection is closed, or the
                 server spoke on it unasked (terminated it).
         """
+        verdict = self._look(conn)
+        if verdict == "ask":
+            ConnectionPool.check_connection(conn)
+        elif verdict == "terminated":
+            # Closed, so the pool drops it for a new one (an open connection
+            # given back would be handed out again).
+            conn.close()
+            raise _terminated()
+
+    async def check_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """:meth:`check` for the async pool (its round trip awaited)."""
+        verdict = self._look(conn)
+        if verdict == "ask":
+            await AsyncConnectionPool.check_connection(conn)
+        elif verdict == "terminated":
+            await conn.close()
+            raise _terminated()
+
+    def _look(self, conn: _Connection) -> Literal["fit", "ask", "terminated"]:
+        """What can be told of ``conn`` locally; ``ask``: only a round trip can tell.
+
+        Raises:
+            psycopg.OperationalError: it is closed.
+        """
         returned = self._returned.get(conn)
         if returned is None or time.monotonic() - returned > RECHECK_AFTER:
-            ConnectionPool.check_connection(conn)
-            return
+            return "ask"
         if conn.closed or conn.broken:
             raise psycopg.OperationalError("the connection is closed")
         try:
             readable, _, _ = select.select([conn.fileno()], [], [], 0)
         except (OSError, ValueError):  # a descriptor select() cannot take
-            ConnectionPool.check_connection(conn)
-            return
-        if readable:
-            # Closed, so the pool drops it for a new one (an open connection
-            # given back would be handed out again).
-            conn.close()
-            raise psycopg.OperationalError(
-                "the server sent something on an idle connection: it terminated it"
-            )
+            return "ask"
+        return "terminated" if readable else "fit"
+
+
+def _terminated() -> psycopg.OperationalError:
+    return psycopg.OperationalError(
+        "the server sent something on an idle connection: it terminated it"
+    )
