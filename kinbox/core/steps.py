@@ -6,12 +6,12 @@ savepoint, record this dead letter — and receives each one's result, or has
 its exception thrown in where the step was yielded. A store runs it
 (:meth:`~kinbox.core.inbox.InboxStore.run`) on its own kind of connection:
 the sync store step by step on the calling thread
-(:func:`~kinbox.core.inbox.drive`), the async
-store awaiting each step on its event loop, handlers included. So the same
+(:func:`~kinbox.core.inbox.drive`), the async store awaiting each step on
+its event loop, handlers included. So the same
 body gives the same statements, savepoints and verdicts on either, and no
 step crosses a thread.
 
-A program gets a :class:`~kinbox.core.inbox.Seen` of its transaction: the
+A program gets a :class:`Seen` of its transaction: the
 connection handlers receive, and the store's judgement of an exception
 (outage, conflict), which need no I/O.
 """

@@ -2,8 +2,8 @@
 
 :class:`InboxStore` is the seam the runner depends on (a fake implements it
 in the unit tests); :class:`PostgresInboxStore` is the real one, on a
-``psycopg_pool`` pool (for async handlers, the same code on an async pool:
-:mod:`kinbox.store.awaiting`). Every psycopg error leaving this module is
+``psycopg_pool`` pool (for async handlers, the same statements on an async
+pool: :mod:`kinbox.store.awaiting`). Every psycopg error leaving this module is
 translated (:mod:`kinbox.store.errors`) to :class:`~kinbox.core.errors.StoreError` with
 ``transient`` set when trying again may succeed. What kinbox writes here
 that comes from a record or an exception (a reason) is made storable first:
@@ -104,7 +104,7 @@ class PostgresInboxStore:
                 held = conn
                 try:
                     with conn.transaction():
-                        yield self._transaction_type(conn, self._consumer, self)
+                        yield _PostgresTransaction(conn, self._consumer, self)
                         # psycopg would send COMMIT, PostgreSQL would answer
                         # ROLLBACK, and nothing would be raised: the batch
                         # would count as committed.
@@ -161,15 +161,10 @@ class PostgresInboxStore:
 
         return Sessions(session_class).around
 
-    @property
-    def _transaction_type(self) -> type[_PostgresTransaction]:
-        return _PostgresTransaction
-
 
 class _PostgresTransaction:
-    # conn: a psycopg Connection, or (kinbox.store.awaiting) a
-    # kinbox.store.bridge.SyncConnection with the same API over an
-    # AsyncConnection; the statements are the same.
+    """:class:`~kinbox.core.inbox.InboxTransaction` on a psycopg ``Connection``."""
+
     def __init__(
         self, conn: psycopg.Connection[Any], consumer: str, store: PostgresInboxStore
     ) -> None:
@@ -230,36 +225,31 @@ class _PostgresTransaction:
 
     @contextmanager
     def pipelined(self) -> Iterator[Callable[[], bool]]:
-        driver = self._driver
-        forget(driver)
+        conn = self._conn  # its cursors note a pipeline's refusals (kinbox.store.cursors)
+        forget(conn)
         try:
-            with self._conn.pipeline() as pipeline:
+            with conn.pipeline() as pipeline:
 
                 def settle() -> bool:
                     try:
                         pipeline.sync()
                     except psycopg.Error:
                         return False
-                    return not aborted(self._conn) and not refused(driver)
+                    return not aborted(conn) and not refused(conn)
 
                 yield settle
         except psycopg.Error as exc:
-            raise translate(exc, self._conn, own=False) from exc
+            raise translate(exc, conn, own=False) from exc
         finally:
-            was_refused = refused(driver)
-            forget(driver)
-        after_pipeline(self._conn, was_refused)
+            was_refused = refused(conn)
+            forget(conn)
+        after_pipeline(conn, was_refused)
 
     def outage(self, exc: BaseException) -> StoreError | None:
         return outage(exc, self._conn)
 
     def conflict(self, exc: BaseException) -> ConflictError | None:
         return conflict(exc, self._conn)
-
-    @property
-    def _driver(self) -> object:
-        """The psycopg connection itself, whose cursors note a pipeline's refusals."""
-        return self._conn
 
 
 class _Unguarded:
