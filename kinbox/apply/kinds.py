@@ -24,7 +24,7 @@ tried again stops the pass
 dead-lettered in place (careful pass) or abandons the optimistic pass
 (:class:`~kinbox.apply.control.Abandoned`) so the batch is redone carefully.
 
-What a call raises that is no ``Exception`` is settled at the call itself
+What a call raises that is no ``Exception`` is translated at the call itself
 (:func:`_called`, and :func:`_awaited` for an async handler, on the loop):
 ``SystemExit`` and ``KeyboardInterrupt`` ask the process to stop, and become
 :class:`~kinbox.core.errors.ExitRequested`, which no pass judges: the transaction
@@ -49,7 +49,7 @@ from kinbox.core.errors import ExitRequested, HandlerAborted, HandlerCancelled, 
 from kinbox.core.event import Event
 from kinbox.core.inbox import InboxStore, async_store
 from kinbox.core.outcome import Verdict
-from kinbox.core.steps import Call, Guard, Settle, Steps, pipelined
+from kinbox.core.steps import Call, Guard, Steps, SyncPipeline, pipelined
 from kinbox.core.transport import ValueReader
 from kinbox.params.wrap import Prepared
 
@@ -124,7 +124,7 @@ class EachEvent(_Kind):
                 try:
                     yield self._call(calls, event, "unguarded")
                 except Exception as exc:
-                    if not (yield Settle()):
+                    if not (yield SyncPipeline()):
                         raise  # some statement failed, maybe an earlier event's
                     # Every statement so far succeeded: the handler's own
                     # exception, judged as on the plain pass.
@@ -260,7 +260,7 @@ class AwaitedWholeBatch(WholeBatch):
 
 
 def _called(fn: Callable[..., T], subject: Event | list[Event], *args: Any) -> T:
-    """``fn(subject, *args)``, a handler's call; a ``BaseException`` it raises is settled here.
+    """``fn(subject, *args)``, a handler's call; a ``BaseException`` it raises is translated here.
 
     Raises:
         ExitRequested: the call raised ``SystemExit`` or ``KeyboardInterrupt``.
@@ -272,11 +272,11 @@ def _called(fn: Callable[..., T], subject: Event | list[Event], *args: Any) -> T
     except Exception:
         raise
     except BaseException as exc:
-        raise _settled(exc, subject) from exc
+        raise _translated(exc, subject) from exc
 
 
 async def _awaited(fn: Callable[..., object], subject: Event | list[Event], *args: Any) -> object:
-    """``await fn(subject, *args)``, an async handler's call; a ``BaseException`` is settled here.
+    """``await fn(subject, *args)``, an async handler's call; a ``BaseException`` translated.
 
     On the event loop, where asyncio would let ``SystemExit`` or
     ``KeyboardInterrupt`` end the loop's thread. A cancellation inside the
@@ -293,10 +293,10 @@ async def _awaited(fn: Callable[..., object], subject: Event | list[Event], *arg
     except asyncio.CancelledError as exc:
         raise HandlerCancelled(f"the async handler's coroutine was cancelled: {exc!r}") from exc
     except BaseException as exc:
-        raise _settled(exc, subject) from exc
+        raise _translated(exc, subject) from exc
 
 
-def _settled(exc: BaseException, subject: Event | list[Event]) -> BaseException:
+def _translated(exc: BaseException, subject: Event | list[Event]) -> BaseException:
     """What a handler's ``BaseException`` ``exc`` becomes (see the module docstring)."""
     if isinstance(exc, WorkerExit):
         return exc

@@ -38,9 +38,9 @@ from kinbox.core.steps import (
     DeadLetterRow,
     OpenPipeline,
     Program,
-    Settle,
     Step,
     Stepper,
+    SyncPipeline,
 )
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ class InboxTransaction(Protocol):
         pipeline. A handler that reads a result (``fetchone``) still gets it:
         the read waits for it.
 
-        Yields ``settle()``: waits for every statement sent so far and says
+        Yields ``sync()``: waits for every statement sent so far and says
         whether all of them succeeded (the transaction is not aborted) and
         the pipeline refused no call (a COPY, say, which works without it) —
         then an exception a handler just raised is its own.
@@ -298,7 +298,7 @@ def _run(
             if wait is None:
                 raise TypeError("an async handler's call needs a store that awaits it")
             return wait(result)
-    if isinstance(step, Settle):
+    if isinstance(step, SyncPipeline):
         return pipes[-1][1]()
     if isinstance(step, Claim):
         return tx.claim(step.events, step.reclaim)

@@ -73,7 +73,7 @@ class OpenPipeline:
 
 
 @dataclass(frozen=True, slots=True)
-class Settle:
+class SyncPipeline:
     """Wait for the open pipeline's statements; the result says whether all succeeded."""
 
 
@@ -88,7 +88,7 @@ class ClosePipeline:
     error: BaseException | None = field(default=None)
 
 
-Step = Claim | DeadLetterRow | CheckDeferred | Call | OpenPipeline | Settle | ClosePipeline
+Step = Claim | DeadLetterRow | CheckDeferred | Call | OpenPipeline | SyncPipeline | ClosePipeline
 """Anything a program may ask of the store."""
 
 Steps = Generator[Step, Any, T]

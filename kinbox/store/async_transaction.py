@@ -54,7 +54,7 @@ async def _step(step: steps.Step, tx: AsyncTransaction, pipes: list[_Pipe]) -> A
     """Do one step in ``tx``."""
     if isinstance(step, steps.Call):
         return await (tx.savepoint(step) if step.guard == "savepoint" else tx.unguarded(step))
-    if isinstance(step, steps.Settle):
+    if isinstance(step, steps.SyncPipeline):
         return await pipes[-1][1]()
     if isinstance(step, steps.Claim):
         return await tx.claim(step.events, step.reclaim)
@@ -155,14 +155,14 @@ class AsyncTransaction:
         try:
             async with conn.pipeline() as pipeline:
 
-                async def settle() -> bool:
+                async def sync() -> bool:
                     try:
                         await pipeline.sync()
                     except psycopg.Error:
                         return False
                     return not shared.aborted(conn) and not refused(conn)
 
-                yield settle
+                yield sync
         except psycopg.Error as exc:
             raise translate(exc, conn, own=False) from exc
         finally:

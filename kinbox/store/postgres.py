@@ -230,14 +230,14 @@ class _PostgresTransaction:
         try:
             with conn.pipeline() as pipeline:
 
-                def settle() -> bool:
+                def sync() -> bool:
                     try:
                         pipeline.sync()
                     except psycopg.Error:
                         return False
                     return not aborted(conn) and not refused(conn)
 
-                yield settle
+                yield sync
         except psycopg.Error as exc:
             raise translate(exc, conn, own=False) from exc
         finally:

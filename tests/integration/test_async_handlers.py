@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from kinbox.app import App
 from kinbox.core.errors import DeadLetter, StoreError, TransactionControlError
 from kinbox.core.event import Event
-from kinbox.core.steps import Call, Seen, Settle, Steps, pipelined
+from kinbox.core.steps import Call, Seen, Steps, SyncPipeline, pipelined
 from kinbox.devstack.stack import Stack
 from kinbox.params.wrap import prepare
 from kinbox.store.awaiting import AsyncPostgresInboxStore, MixedInboxStore
@@ -297,16 +297,16 @@ def test_the_async_store_drives_a_real_pipeline_and_sees_its_failure(
         sql.Identifier(notes)
     )
 
-    def statements(*queries: tuple[Any, tuple[Any, ...]], settle: bool) -> Steps[object]:
+    def statements(*queries: tuple[Any, tuple[Any, ...]], sync: bool) -> Steps[object]:
         for query, params in queries:  # a handler's statements, sent without waiting
             yield from calling(partial(execute, query, params))
-        return (yield Settle()) if settle else None
+        return (yield SyncPipeline()) if sync else None
 
     inserts = [(insert, (f"p{n}",)) for n in range(3)]
-    assert async_store.run(lambda _tx: pipelined(statements(*inserts, settle=True))) is True
+    assert async_store.run(lambda _tx: pipelined(statements(*inserts, sync=True))) is True
     assert [r[0] for r in note_rows(db, notes)] == ["p0", "p1", "p2"]
 
     failing = [(insert, ("lost",)), ("SELECT 1/0", ())]
     with pytest.raises(StoreError, match="DivisionByZero"):
-        async_store.run(lambda _tx: pipelined(statements(*failing, settle=False)))
+        async_store.run(lambda _tx: pipelined(statements(*failing, sync=False)))
     assert [r[0] for r in note_rows(db, notes)] == ["p0", "p1", "p2"]

@@ -11,7 +11,7 @@ import pytest
 
 from kinbox.core.event import Event
 from kinbox.core.inbox import drive
-from kinbox.core.steps import Call, Claim, Seen, Settle, Step, Steps, pipelined, rewrite
+from kinbox.core.steps import Call, Claim, Seen, Step, Steps, SyncPipeline, pipelined, rewrite
 from kinbox.middleware.base import Chain, Middleware
 from kinbox.testing import FakeStore
 
@@ -56,7 +56,7 @@ def test_a_pipelined_block_left_by_a_failure_is_closed_and_the_failure_passes() 
 
     def body() -> Steps[None]:
         yield Call(lambda conn: conn.effects.append("x"), "unguarded")
-        assert (yield Settle()) is True
+        assert (yield SyncPipeline()) is True
         raise ValueError("after the settle")
 
     with pytest.raises(ValueError, match="after the settle"):
