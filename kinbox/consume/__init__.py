@@ -5,10 +5,12 @@
                offsets; the rebalance callbacks
 ``inflight``   the batch running on its worker thread while polling goes on
 ``offsets``    what may be committed to Kafka, and only that
-``backoff``    a failed partition paused, rewound and resumed later
-``breaker``    the circuit breaker: every partition paused when the handler
+``backoff``    a failed partition held paused, rewound and let go later
+``breaker``    the circuit breaker: every partition held when the handler
                fails for event after event, then one event let through
 ``lanes``      records fetched but not yet in a batch, one lane per partition
+``pauses``     who wants each partition paused; the only caller of pause and
+               resume
 =============  ================================================================
 
 The top of the engine: it imports :mod:`kinbox.apply` and :mod:`kinbox.app`,

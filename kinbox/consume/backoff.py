@@ -1,11 +1,12 @@
-"""Partitions that failed: their tries at the failed offset, their pause, their resume.
+"""Partitions that failed: their tries at the failed offset, and how long each waits.
 
 A failure the batch processor hands back is one to retry (permanent failures
-were dead-lettered inside the transaction). The partition is paused and
-rewound to the failed offset, and resumed after the :class:`FailurePolicy`'s
-delay; the loop keeps polling meanwhile, so the member stays in the group and
-the other partitions keep flowing. Only handler failures count towards
-``max_attempts``; every failure, an outage included, lengthens the backoff.
+were dead-lettered inside the transaction). The partition is held paused
+(:class:`~kinbox.consume.pauses.PauseLedger`), rewound to the failed offset
+and let go after the :class:`FailurePolicy`'s delay; the loop keeps polling
+meanwhile, so the member stays in the group and the other partitions keep
+flowing. Only handler failures count towards ``max_attempts``; every
+failure, an outage included, lengthens the backoff.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+from kinbox.consume.pauses import PauseLedger, Reason
 from kinbox.core.describe import describe, text
 from kinbox.core.errors import EnvelopeError
 from kinbox.core.outcome import Failure
@@ -27,21 +29,31 @@ class Backoff:
     """Failure state per partition.
 
     Args:
-        transport: the consumer, to pause, rewind and resume partitions.
+        transport: the consumer, to rewind partitions.
+        pauses: where a failed partition is wanted paused until its delay is over.
         policy: decides how long a failed partition waits.
         clock: monotonic seconds.
     """
 
     def __init__(
-        self, transport: Transport, policy: FailurePolicy, clock: Callable[[], float]
+        self,
+        transport: Transport,
+        pauses: PauseLedger,
+        policy: FailurePolicy,
+        clock: Callable[[], float],
     ) -> None:
         self._transport = transport
+        self._pauses = pauses
         self._policy = policy
         self._clock = clock
-        self.paused: dict[Partition, float] = {}
-        """Partitions backing off, and when to resume them."""
+        self.until: dict[Partition, float] = {}
+        """Partitions backing off, and when to let them go."""
         # Failures at an offset: (offset, handler tries so far, failures of any kind).
         self._failures: dict[Partition, tuple[int, int, int]] = {}
+
+    def __contains__(self, tp: object) -> bool:
+        """Whether ``tp`` is backing off."""
+        return tp in self.until
 
     def attempt(self, tp: Partition, first_offset: int) -> int:
         """The try of a batch of ``tp`` starting at ``first_offset`` (1 unless it failed there)."""
@@ -55,11 +67,11 @@ class Backoff:
 
     def forget(self, tp: Partition) -> None:
         """Drop ``tp``'s state (assigned afresh, revoked or lost)."""
-        self.paused.pop(tp, None)
+        self.until.pop(tp, None)
         self._failures.pop(tp, None)
 
     def fail(self, tp: Partition, failure: Failure) -> None:
-        """Pause ``tp``, rewind it to the failed offset and schedule its resume.
+        """Hold ``tp`` paused, rewind it to the failed offset and schedule its release.
 
         Raises:
             EnvelopeError: a record without a valid id under ``missing_id=fail``:
@@ -85,9 +97,9 @@ class Backoff:
         failure = dataclasses.replace(failure, streak=streak)
         decision = self._policy.decide(failure)
         self._say(failure, where, decision.delay)
-        self._transport.pause([tp])
+        self._pauses.want(Reason.BACKOFF, [tp])
         self._transport.seek(tp, failure.offset)
-        self.paused[tp] = self._clock() + decision.delay
+        self.until[tp] = self._clock() + decision.delay
 
     def _say(self, failure: Failure, where: str, delay: float) -> None:
         """Log the failure at ERROR: every try of it, so a waiting partition is never silent."""
@@ -121,11 +133,11 @@ class Backoff:
             },
         )
 
-    def resume_due(self) -> None:
-        """Resume the partitions whose delay is over."""
+    def release_due(self) -> None:
+        """Let go of the partitions whose delay is over."""
         now = self._clock()
-        due = [tp for tp, until in self.paused.items() if until <= now]
+        due = [tp for tp, until in self.until.items() if until <= now]
         if due:
             for tp in due:
-                del self.paused[tp]
-            self._transport.resume(due)
+                del self.until[tp]
+            self._pauses.release(Reason.BACKOFF, due)

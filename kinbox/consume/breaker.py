@@ -31,21 +31,22 @@ record without a valid id, a duplicate, and an event the handler gave up on
 purpose (``raise DeadLetter(...)``: a verdict, not a failure).
 
 The breaker is consulted by the runner at three points: :meth:`gate` before
-each poll (pauses and resumes), :meth:`admit` over each poll's batches (the
-half-open probe) and :meth:`observe` after each partition batch. It pauses
-only partitions no backoff holds, and resumes only those it paused itself
-and nothing else holds now, so it never undoes another component's pause:
-a partition whose lane is full stays paused when the breaker lets it go
-(the lane resumes it once it is half empty). Driver-free: it talks to the
-consumer through :class:`~kinbox.core.transport.Transport` only.
+each poll (holds the partitions, or lets them go), :meth:`admit` over each
+poll's batches (the half-open probe) and :meth:`observe` after each
+partition batch. It holds partitions through the
+:class:`~kinbox.consume.pauses.PauseLedger`, so letting one go never undoes
+another part's pause: a partition whose lane is full, or which backs off,
+stays paused. Driver-free: it rewinds through
+:class:`~kinbox.core.transport.Transport` only.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Mapping, Set
 from enum import Enum
 
+from kinbox.consume.pauses import PauseLedger, Reason
 from kinbox.core.describe import describe
 from kinbox.core.letter import HANDLER_ERROR, RETRIES_EXHAUSTED
 from kinbox.core.outcome import BatchResult
@@ -73,7 +74,8 @@ class Breaker:
     """Counts handler failures across events; pauses the member when they run on.
 
     Args:
-        transport: the consumer, to pause, rewind and resume partitions.
+        transport: the consumer, to rewind partitions.
+        pauses: where the partitions it holds are wanted paused.
         failures: distinct events failing in a row that open the breaker
             (0: never open).
         pause: seconds the breaker stays open before it lets one event through.
@@ -81,9 +83,15 @@ class Breaker:
     """
 
     def __init__(
-        self, transport: Transport, failures: int, pause: float, clock: Callable[[], float]
+        self,
+        transport: Transport,
+        pauses: PauseLedger,
+        failures: int,
+        pause: float,
+        clock: Callable[[], float],
     ) -> None:
         self._transport = transport
+        self._pauses = pauses
         self._failures = failures
         self._pause = pause
         self._clock = clock
@@ -91,24 +99,14 @@ class Breaker:
         self._failing: dict[Place, str] = {}  # the run of failed events, and why the last one
         self._until = 0.0  # when an open breaker lets its probe through
         self._probe: Place | None = None  # the event let through, while its batch runs
-        self.held: set[Partition] = set()
-        """Partitions the breaker holds paused (a full lane may hold one of them too)."""
 
-    def gate(
-        self,
-        assigned: Collection[Partition],
-        backing_off: Collection[Partition],
-        full: Collection[Partition] = (),
-    ) -> bool:
-        """Before a poll: pause or resume partitions as the state requires.
+    @property
+    def held(self) -> Set[Partition]:
+        """Partitions the breaker holds paused (a full lane or a backoff may hold them too)."""
+        return self._pauses.holding(Reason.BREAKER)
 
-        ``backing_off`` are the partitions a failure backoff holds paused:
-        the breaker leaves them alone (their backoff resumes them, and must,
-        since it rewound them). ``full`` are those held paused for a full
-        lane: the breaker may hold them too, but never resumes one; it keeps
-        holding it until its lane lets it go. Returns whether that backoff
-        may resume its due partitions now: not while the breaker is open.
-        """
+    def gate(self) -> None:
+        """Before a poll: hold every assigned partition while open, else let them go."""
         if self.state is State.OPEN and self._clock() >= self._until:
             self.state = State.HALF_OPEN
             log.warning(
@@ -117,19 +115,18 @@ class Breaker:
                 self._pause,
             )
         if self.state is State.OPEN:
-            self._hold(tp for tp in assigned if tp not in backing_off)
+            self._pauses.want(Reason.BREAKER, self._pauses.assigned)
         elif self._probe is None:
             # Closed, or half-open and waiting for a probe: fetch everything
             # that may fetch; admit() puts back all but the probe.
-            self._release({*backing_off, *full})
-        return self.state is not State.OPEN
+            self._pauses.release(Reason.BREAKER)
 
     def admit(self, batches: Mapping[Partition, list[Record]]) -> dict[Partition, list[Record]]:
         """The part of one poll's batches that may run now; the rest is put back.
 
         Closed: all of it. Open: none (records fetched before the pause). Half-open:
         the first record only, the probe. A partition put back is rewound
-        to its first record not taken and paused until the breaker lets it go.
+        to its first record not taken and held until the breaker lets it go.
         """
         if self.state is State.CLOSED:
             return dict(batches)
@@ -145,9 +142,8 @@ class Breaker:
         for tp, records in batches.items():
             rest = records[len(taken.get(tp, ())) :]
             if rest:
-                self._transport.pause([tp])
+                self._pauses.want(Reason.BREAKER, [tp])
                 self._transport.seek(tp, rest[0].offset)
-                self.held.add(tp)
         return taken
 
     def observe(self, result: BatchResult) -> None:
@@ -175,13 +171,12 @@ class Breaker:
             )
 
     def forget(self, tp: Partition) -> None:
-        """``tp`` is no longer this member's: nothing of it to resume (the runner resumes it).
+        """``tp`` is no longer this member's (its hold went with it, in the ledger).
 
         A probe on ``tp`` whose result the member will never see (the
-        partition went while it ran) is forgotten too, so the next poll
-        brings another.
+        partition went while it ran) is forgotten, so the next poll brings
+        another.
         """
-        self.held.discard(tp)
         if self._probe is not None and self._probe[:2] == tp:
             self._probe = None
 
@@ -213,18 +208,6 @@ class Breaker:
             why,
             self._pause,
         )
-
-    def _hold(self, partitions: Iterable[Partition]) -> None:
-        new = sorted(set(partitions) - self.held)
-        if new:
-            self._transport.pause(new)
-            self.held.update(new)
-
-    def _release(self, held_elsewhere: Collection[Partition]) -> None:
-        due = sorted(tp for tp in self.held if tp not in held_elsewhere)
-        if due:
-            self._transport.resume(due)
-        self.held.difference_update(due)
 
     def _failed(self, result: BatchResult) -> dict[Place, str]:
         """The events of ``result`` whose handler failed, in offset order, and why."""

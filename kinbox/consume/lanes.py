@@ -19,11 +19,10 @@ it had fetched beyond them it fetches again, which is why a lane is resumed
 only half empty.
 
 The invariant that bounds a lane: a partition in :attr:`Lanes.held` is
-paused, whoever else would resume it. :meth:`Lanes.add` pauses a partition
-only as it enters ``held``, so nothing else may resume one while it is
-there: the circuit breaker's gate is handed ``held`` and leaves those alone
-(:meth:`~kinbox.consume.breaker.Breaker.gate`), and a failure backoff only
-ever holds a partition whose lane it emptied.
+paused, whoever else would resume it. The lanes hold a partition through the
+:class:`~kinbox.consume.pauses.PauseLedger`, which resumes it only once no
+reason at all wants it paused, so the circuit breaker or a backoff letting
+it go leaves it paused while its lane is full.
 
 The polling thread owns the lanes; nothing here is touched by batch threads.
 """
@@ -31,10 +30,11 @@ The polling thread owns the lanes; nothing here is touched by batch threads.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence, Set
 
+from kinbox.consume.pauses import PauseLedger, Reason
 from kinbox.core.record import Record
-from kinbox.core.transport import Partition, Transport
+from kinbox.core.transport import Partition
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Lanes:
     """The waiting records of each partition, and the partitions held for a full lane.
 
     Args:
-        transport: the consumer, to pause and resume held partitions.
+        pauses: where held partitions are wanted paused.
         batch: records per batch.
         budget: records waiting in all lanes together, at most (roughly:
             each lane may take a poll's worth beyond its cap).
@@ -62,9 +62,9 @@ class Lanes:
     """
 
     def __init__(
-        self, transport: Transport, batch: int, budget: int, per_lane: int = PER_LANE
+        self, pauses: PauseLedger, batch: int, budget: int, per_lane: int = PER_LANE
     ) -> None:
-        self._transport = transport
+        self._pauses = pauses
         self._batch = batch
         self._budget = budget
         self._per_lane = per_lane
@@ -72,16 +72,18 @@ class Lanes:
         """Most records waiting in one lane before its partition is held."""
         # Insertion order is the order lanes are served in (see take()).
         self._waiting: dict[Partition, list[Record]] = {}
-        self.held: set[Partition] = set()
-        """Partitions paused only because their lane is full."""
+
+    @property
+    def held(self) -> Set[Partition]:
+        """Partitions held paused because their lane is full."""
+        return self._pauses.holding(Reason.LANE)
 
     def add(self, tp: Partition, records: Sequence[Record]) -> None:
         """Queue ``records`` (consecutive, of ``tp``) behind what waits; hold a full lane."""
         lane = self._waiting.setdefault(tp, [])
         lane.extend(records)
         if len(lane) >= self.cap and tp not in self.held:
-            self._transport.pause([tp])
-            self.held.add(tp)
+            self._pauses.want(Reason.LANE, [tp])
 
     def ready(self) -> Iterator[Partition]:
         """The partitions with records waiting, the longest-waiting first."""
@@ -107,18 +109,17 @@ class Lanes:
     def drop(self, tp: Partition) -> None:
         """Forget ``tp``'s waiting records (rewound, revoked or lost: they come again)."""
         self._waiting.pop(tp, None)
+        self._pauses.release(Reason.LANE, [tp])
 
-    def unhold(self, keep_paused: Collection[Partition] = ()) -> None:
-        """Resume held partitions whose lane is half empty, except those in ``keep_paused``.
+    def unhold(self) -> None:
+        """Let go of held partitions whose lane is half empty.
 
         Not sooner: a paused partition drops what the consumer had fetched
         of it, and resuming costs a fetch, so a lane that holds and resumes
         at every batch would fetch most records twice.
         """
-        due = sorted(tp for tp in self.held if self.waiting(tp) <= self.cap // 2)
-        if not due:
-            return
-        self.held.difference_update(due)
-        due = [tp for tp in due if tp not in keep_paused]
-        if due:
-            self._transport.resume(due)
+        held = self.held
+        if held:
+            self._pauses.release(
+                Reason.LANE, [tp for tp in held if self.waiting(tp) <= self.cap // 2]
+            )

@@ -22,12 +22,10 @@ breaker (:mod:`kinbox.consume.breaker`) pauses every partition for a while
 and then lets one event through. This module owns the loop, the assignment
 and the rebalance callbacks, and wires those pieces together.
 
-Three of them pause partitions: the lanes (a full lane), the backoff and the
-breaker. A partition is paused while any of them holds it, and only the last
-to let it go resumes it; in particular a partition whose lane is at or above
-its cap stays paused whoever else would resume it (:meth:`Runner.turn`
-hands the lanes' holds to the breaker's gate, and the lanes resume only what
-neither other holds).
+Three of them hold partitions paused: the lanes (a full lane), the backoff
+and the breaker. Each says so to one :class:`~kinbox.consume.pauses.PauseLedger`,
+which alone pauses and resumes the consumer: a partition is paused while any
+of them holds it.
 
 Stopping is bounded, whatever stops the loop — :meth:`Runner.stop` (a
 signal), a fatally failed consumer, ``missing_id=fail``, a batch that raised
@@ -56,6 +54,7 @@ from kinbox.consume.breaker import Breaker, State
 from kinbox.consume.inflight import HOLD_AFTER, InFlight
 from kinbox.consume.lanes import Lanes
 from kinbox.consume.offsets import Offsets
+from kinbox.consume.pauses import PauseLedger
 from kinbox.core.config import Settings
 from kinbox.core.describe import describe
 from kinbox.core.errors import ConfigurationError, FatalTransportError, KinboxError, TransportError
@@ -172,21 +171,27 @@ class Runner:
         self._failure: BaseException | None = None  # what stop() was given to raise
         self._on_stopping = on_stopping
         self._broken = False
-        self._assigned: set[Partition] = set()
+        self._pauses = PauseLedger(transport)
+        self._assigned = self._pauses.assigned
         # Partitions whose last batch was a whole batch of duplicates: their
         # next batch is a run of RUN_BATCHES, skimmed (kinbox.apply.skim).
         self._skimming: set[Partition] = set()
         self._offsets = Offsets(transport)
         self._backoff = Backoff(
-            transport, policy or RetryPolicy(settings.retry_initial, settings.retry_max), clock
+            transport,
+            self._pauses,
+            policy or RetryPolicy(settings.retry_initial, settings.retry_max),
+            clock,
         )
-        self._breaker = Breaker(transport, settings.breaker_failures, settings.breaker_pause, clock)
+        self._breaker = Breaker(
+            transport, self._pauses, settings.breaker_failures, settings.breaker_pause, clock
+        )
         self._clock = clock
         self._polled = -SATURATED_WAIT
         # Up to PER_LANE batches wait per partition, LANES_BUDGET in all: the
         # next batch of every partition is fetched already when its batch ends.
         most = settings.batch_max_messages
-        self._lanes = Lanes(transport, most, LANES_BUDGET * most)
+        self._lanes = Lanes(self._pauses, most, LANES_BUDGET * most)
         self._inflight = InFlight(settings.pool_size, executor)
         # The consumer's own value: -X max.poll.interval.ms wins over the setting.
         self._revoke_wait = min(settings.shutdown_timeout, settings.effective_max_poll_interval / 2)
@@ -365,10 +370,9 @@ class Runner:
         Public so tests can step the loop (with an inline executor, every
         batch started in a turn is also settled in it).
         """
-        # The lanes' holds go to the gate: a partition whose lane is full stays
-        # paused even when the breaker lets it go (the lanes resume it later).
-        if self._breaker.gate(self._assigned, self._backoff.paused, self._lanes.held):
-            self._backoff.resume_due()
+        self._pauses.sync()
+        self._breaker.gate()
+        self._backoff.release_due()
         busy = len(self._inflight) > 0
         if busy and self._stocked():
             # Every partition's next batch is fetched already: whatever a poll
@@ -405,7 +409,7 @@ class Runner:
         log.info("assigned %s", partitions)
         for tp in partitions:
             self._forget(tp)
-            self._assigned.add(tp)
+        self._pauses.assign(partitions)
         self._lanes.share(len(self._assigned))
 
     def on_revoked(self, partitions: list[Partition]) -> None:
@@ -440,24 +444,14 @@ class Runner:
     # -- internals --
 
     def _release(self, partitions: list[Partition]) -> None:
-        held = self._lanes.held | self._breaker.held
-        paused = [tp for tp in partitions if tp in self._backoff.paused or tp in held]
-        if paused:
-            try:
-                # Pausing is the member's own state; don't let it outlive the
-                # assignment and stall a later re-assignment of the partition.
-                self._transport.resume(paused)
-            except TransportError as exc:
-                log.debug("resume on release failed: %s", exc)
+        self._pauses.revoke(partitions)
         for tp in partitions:
             self._forget(tp)
         self._lanes.share(len(self._assigned))
 
     def _forget(self, tp: Partition) -> None:
-        self._assigned.discard(tp)
         self._skimming.discard(tp)
         self._lanes.drop(tp)
-        self._lanes.held.discard(tp)
         self._offsets.forget(tp)
         self._backoff.forget(tp)
         self._breaker.forget(tp)
@@ -489,7 +483,7 @@ class Runner:
         # busiest loop in a replay).
         for tp, run in groupby(records, _PARTITION):
             batch = list(run)
-            if tp not in self._assigned or tp in self._backoff.paused:
+            if tp not in self._assigned or tp in self._backoff:
                 # Revoked meanwhile (its next owner reads it), or fetched
                 # before a pause took effect (the partition was rewound and
                 # will deliver these again after the resume).
@@ -509,7 +503,7 @@ class Runner:
         for tp in self._lanes.ready():
             if self._inflight.full:
                 break
-            if tp in self._inflight or tp in self._backoff.paused:
+            if tp in self._inflight or tp in self._backoff:
                 continue
             skim = tp in self._skimming and self._breaker.state is State.CLOSED
             batch = self._admitted(tp, RUN_BATCHES if skim else 1)
@@ -519,7 +513,7 @@ class Runner:
             work = partial(self._processor.process, batch, attempt, skim=skim)
             self._inflight.submit(tp, work, self._label(tp, batch))
             started = True
-        self._lanes.unhold(keep_paused={*self._backoff.paused, *self._breaker.held})
+        self._lanes.unhold()
         return started
 
     def _label(self, tp: Partition, batch: list[Record]) -> str:
@@ -538,10 +532,7 @@ class Runner:
         if self._breaker.state is State.CLOSED:
             return self._lanes.take(tp, batches * self._settings.batch_max_messages)
         lane = self._lanes.take(tp, self._lanes.waiting(tp))
-        batch = self._breaker.admit({tp: lane}).get(tp, [])
-        if tp in self._breaker.held:
-            self._lanes.held.discard(tp)  # paused by the breaker now, not for a full lane
-        return batch
+        return self._breaker.admit({tp: lane}).get(tp, [])
 
     def _settle_finished(self) -> bool:
         finished = self._inflight.finished()
@@ -567,10 +558,9 @@ class Runner:
             log.debug("%s: fresh events again: batch by batch", tp)
             self._skimming.discard(tp)
         if result.failure is not None:
+            self._backoff.fail(tp, result.failure)
             # The records fetched behind the failure come again after the rewind.
             self._lanes.drop(tp)
-            self._lanes.held.discard(tp)  # paused for its backoff now, not for a full lane
-            self._backoff.fail(tp, result.failure)
 
     def _advance(self, tp: Partition, result: BatchResult) -> None:
         self._breaker.observe(result)

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 from kinbox.apply.batch import BatchProcessor
 from kinbox.consume.backoff import Backoff
+from kinbox.consume.pauses import PauseLedger
 from kinbox.core.outcome import BatchResult, Failure
 from kinbox.core.policy import Decision, RetryPolicy
 from kinbox.core.record import Record
@@ -142,8 +143,9 @@ class Settler:
         )
 
     def _new_backoff(self) -> Backoff:
-        # The transport only gets paused and rewound; nothing ever waits on it.
-        return Backoff(FakeTransport(), self._policy, clock=lambda: 0.0)
+        # The transport only gets rewound; nothing ever waits on it.
+        transport = FakeTransport()
+        return Backoff(transport, PauseLedger(transport), self._policy, clock=lambda: 0.0)
 
 
 class _Recorded:

@@ -11,6 +11,7 @@ import pytest
 
 from kinbox.app import App
 from kinbox.consume.breaker import Breaker, State
+from kinbox.consume.pauses import PauseLedger, Reason
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError, DeadLetter, StoreError
@@ -51,29 +52,36 @@ def dead_lettered(partition: int, offset: int, reason: str) -> BatchResult:
     return BatchResult(offset + 1, dead_lettered=1, letters=(letter,))
 
 
-def breaker(failures: int = 3, pause: float = 10.0) -> tuple[Breaker, FakeTransport, Clock]:
+def breaker(
+    failures: int = 3, pause: float = 10.0, assigned: tuple[Partition, ...] = (P0, P1, P2)
+) -> tuple[Breaker, FakeTransport, Clock, PauseLedger]:
     transport = FakeTransport({tp: [] for tp in (P0, P1, P2)})
-    clock = Clock()
-    return Breaker(transport, failures, pause, clock), transport, clock
+    clock, pauses = Clock(), PauseLedger(transport)
+    pauses.assign(assigned)
+    return Breaker(transport, pauses, failures, pause, clock), transport, clock, pauses
 
 
 def test_distinct_failed_events_in_a_row_open_it_and_pause_every_partition() -> None:
-    brk, transport, _ = breaker(failures=3)
+    brk, transport, _, pauses = breaker(failures=3)
+    pauses.want(Reason.BACKOFF, [P0, P1])
     brk.observe(handler_failed(0, 5))
     brk.observe(handler_failed(0, 5, attempt=2))  # the same event again: still one
     brk.observe(handler_failed(1, 0))
     assert state(brk) is State.CLOSED
-    assert brk.gate([P0, P1, P2], backing_off=[P0, P1]) is True
+    brk.gate()
+    assert brk.held == set()
     brk.observe(dead_lettered(2, 7, HANDLER_ERROR))  # tries ran out: counts
     assert state(brk) is State.OPEN
-    # Open: every partition no backoff holds is paused, and the backoff may not resume any
-    assert brk.gate([P0, P1, P2], backing_off=[P0, P1]) is False
-    assert transport.paused == {P2}
-    assert brk.held == {P2}
+    # Open: every partition is held, so a backoff letting go resumes none
+    brk.gate()
+    assert transport.paused == {P0, P1, P2}
+    assert brk.held == {P0, P1, P2}
+    pauses.release(Reason.BACKOFF)
+    assert transport.paused == {P0, P1, P2}
 
 
 def test_an_applied_event_starts_the_count_again() -> None:
-    brk, _, _ = breaker(failures=3)
+    brk, _, _, _ = breaker(failures=3)
     brk.observe(handler_failed(0, 1))
     brk.observe(handler_failed(1, 1))
     brk.observe(BatchResult(10, applied=4))
@@ -87,7 +95,7 @@ def test_an_applied_event_starts_the_count_again() -> None:
 def test_poison_events_among_applied_ones_never_open_it() -> None:
     # Given batches that each apply most events and dead-letter a few poison
     # ones whose tries ran out (as fault scenario 16's stream does)
-    brk, _, _ = breaker(failures=3)
+    brk, _, _, _ = breaker(failures=3)
     for partition in (0, 1, 2) * 4:
         poison = (1, 3, 5, 7)  # more than `failures` in one batch, none in a row
         letters = tuple(
@@ -110,22 +118,23 @@ def test_poison_events_among_applied_ones_never_open_it() -> None:
     ids=["invalid-id", "dead-letter-requested", "outage", "duplicates"],
 )
 def test_what_is_no_failure_of_the_handler_never_counts(result: BatchResult) -> None:
-    brk, _, _ = breaker(failures=1)
+    brk, _, _, _ = breaker(failures=1)
     for _ in range(3):
         brk.observe(result)
     assert state(brk) is State.CLOSED
 
 
 def test_half_open_lets_one_event_through_and_puts_the_rest_back() -> None:
-    brk, transport, clock = breaker(failures=1, pause=10)
+    brk, transport, clock, _ = breaker(failures=1, pause=10)
     brk.observe(handler_failed(0, 0))
-    brk.gate([P0, P1, P2], backing_off=[])
+    brk.gate()
     clock.now = 9.9
-    assert brk.gate([P0, P1, P2], backing_off=[]) is False
+    brk.gate()
+    assert state(brk) is State.OPEN
     assert brk.admit({P1: [record(T, 1, 3, "a")]}) == {}  # fetched before the pause
     assert transport.position[P1] == 3  # rewound to it
     clock.now = 10.0
-    assert brk.gate([P0, P1, P2], backing_off=[]) is True
+    brk.gate()
     assert state(brk) is State.HALF_OPEN
     assert transport.paused == set()  # resumed, to find a probe wherever records are
     batches = {
@@ -141,52 +150,54 @@ def test_half_open_lets_one_event_through_and_puts_the_rest_back() -> None:
 
 
 def test_a_probe_applied_closes_it_and_resumes_what_it_paused() -> None:
-    brk, transport, clock = breaker(failures=1, pause=5)
+    brk, transport, clock, pauses = breaker(failures=1, pause=5)
+    pauses.want(Reason.BACKOFF, [P0])
     brk.observe(handler_failed(0, 0))
-    brk.gate([P0, P1, P2], backing_off=[P0])
+    brk.gate()
     clock.now = 5
-    brk.gate([P0, P1, P2], backing_off=[P0])
+    brk.gate()
     brk.admit({P1: [record(T, 1, 0, "a"), record(T, 1, 1, "b")]})
     brk.observe(BatchResult(1, applied=1))
     assert state(brk) is State.CLOSED
     # The backing-off partition is left to its backoff, the rest resume
-    transport.paused.add(P0)
-    assert brk.gate([P0, P1, P2], backing_off=[P0]) is True
+    brk.gate()
     assert transport.paused == {P0}
     assert brk.held == set()
 
 
 def test_a_probe_that_fails_opens_it_again_for_another_pause() -> None:
-    brk, _, clock = breaker(failures=1, pause=5)
+    brk, _, clock, _ = breaker(failures=1, pause=5, assigned=(P0,))
     brk.observe(handler_failed(0, 0))
     clock.now = 5
-    brk.gate([P0], backing_off=[])
+    brk.gate()
     brk.admit({P0: [record(T, 0, 0, "a")]})
     brk.observe(handler_failed(0, 0, attempt=2))
     assert state(brk) is State.OPEN
     clock.now = 9.9
-    assert brk.gate([P0], backing_off=[]) is False
+    brk.gate()
+    assert state(brk) is State.OPEN
     clock.now = 10
-    assert brk.gate([P0], backing_off=[]) is True
+    brk.gate()
+    assert state(brk) is State.HALF_OPEN
 
 
 def test_a_probe_without_a_verdict_lets_the_next_poll_probe_again() -> None:
-    brk, _, clock = breaker(failures=1, pause=5)
+    brk, _, clock, _ = breaker(failures=1, pause=5, assigned=(P0, P1))
     brk.observe(handler_failed(0, 0))
     clock.now = 5
-    brk.gate([P0, P1], backing_off=[])
+    brk.gate()
     assert brk.admit({P0: [record(T, 0, 0, "a")]})
     brk.observe(BatchResult(1, duplicates=1))  # a duplicate says nothing about the handler
     assert state(brk) is State.HALF_OPEN
-    brk.gate([P0, P1], backing_off=[])
+    brk.gate()
     assert brk.admit({P1: [record(T, 1, 0, "b")]})
     brk.forget(P1)  # the probe's partition went while it ran: never judged
-    brk.gate([P0], backing_off=[])
+    brk.gate()
     assert brk.admit({P0: [record(T, 0, 1, "c")]})
 
 
 def test_zero_failures_never_opens() -> None:
-    brk, _, _ = breaker(failures=0)
+    brk, _, _, _ = breaker(failures=0)
     for offset in range(100):
         brk.observe(handler_failed(0, offset))
     assert state(brk) is State.CLOSED

@@ -292,7 +292,7 @@ def test_backoff_grows_with_consecutive_outages() -> None:
     h.run(turns=0)
     for _ in range(4):
         h.runner.turn()
-        delays.append(h.runner._backoff.paused[(T, 0)] - h.clock.now)
+        delays.append(h.runner._backoff.until[(T, 0)] - h.clock.now)
         h.clock.now += 1000
     assert delays[0] < 2 < 4 < delays[3]
 

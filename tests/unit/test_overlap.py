@@ -18,6 +18,7 @@ import pytest
 
 from kinbox.app import App
 from kinbox.consume.lanes import Lanes
+from kinbox.consume.pauses import PauseLedger
 from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.event import Event
@@ -186,9 +187,10 @@ def test_an_asynchronous_commit_that_failed_is_sent_again_while_the_partition_is
 
 
 def test_a_lane_that_fills_up_holds_its_partition_and_resumes_it_half_empty() -> None:
-    transport = FakeTransport()
-    lanes = Lanes(transport, batch=2, budget=100, per_lane=4)
-    tp = (T, 0)
+    transport, tp = FakeTransport(), (T, 0)
+    pauses = PauseLedger(transport)
+    pauses.assign([tp])
+    lanes = Lanes(pauses, batch=2, budget=100, per_lane=4)
     lanes.add(tp, [record(T, 0, o, str(o)) for o in range(7)])
     assert lanes.cap == 8 and tp not in transport.paused
     lanes.add(tp, [record(T, 0, 7, "7")])
@@ -203,7 +205,7 @@ def test_a_lane_that_fills_up_holds_its_partition_and_resumes_it_half_empty() ->
 
 
 def test_many_partitions_share_the_budget_never_below_one_batch_each() -> None:
-    lanes = Lanes(FakeTransport(), batch=10, budget=160, per_lane=4)
+    lanes = Lanes(PauseLedger(FakeTransport()), batch=10, budget=160, per_lane=4)
     lanes.share(3)
     assert lanes.cap == 40
     lanes.share(8)
