@@ -107,7 +107,7 @@ class PauseLedger:
         either way); it stays recorded as paused, so an assignment of it
         again resumes it.
         """
-        leaving = list(partitions)
+        leaving = [tp for tp in partitions if tp in self._assigned]
         for tp in leaving:
             self._drop_wants(tp)
             self._assigned.discard(tp)

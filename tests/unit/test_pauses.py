@@ -114,6 +114,17 @@ def test_a_partition_assigned_again_after_its_resume_was_refused_starts_unpaused
     assert client.paused == pauses.paused == set() and not pauses.wanted(P0)
 
 
+def test_a_partition_no_longer_assigned_is_never_resumed_again() -> None:
+    pauses, client = ledger()
+    pauses.want(Reason.LANE, [P0])
+    client.refuse = True
+    revoke(pauses, client, [P0])
+    client.refuse = False
+    revoke(pauses, client, [P0])  # lost after a revoke: the client has it no more
+    pauses.sync()
+    assert client.paused == pauses.paused == {P0}  # resumed once it comes back
+
+
 _reasons = st.sampled_from(list(Reason))
 _some = st.lists(st.sampled_from(PARTITIONS), max_size=4, unique=True)
 _steps = st.lists(
