@@ -5,7 +5,7 @@ transaction on its own connection, while the polling thread keeps polling:
 so one partition's COMMIT (its fsync) and the offset commit never hold up
 another partition's records, and PostgreSQL flushes concurrent commits
 together. Order stays per partition: a partition's next batch starts only
-once its batch in flight is settled.
+once its batch in flight has ended and its result was collected.
 
 A batch that takes long — a slow handler, a database that went away — never
 turns the member into a zombie: the polling thread never waits for a batch
@@ -28,8 +28,8 @@ never silent either: :meth:`InFlight.report_stuck` names it, with its thread's
 stack, every :data:`STUCK_AFTER` seconds.
 
 A batch thread ends a batch that raised ``SystemExit`` or
-``KeyboardInterrupt`` (a middleware hook's: a handler's own is settled at
-its call) with :class:`~kinbox.core.errors.ExitRequested` instead, so it reaches
+``KeyboardInterrupt`` (a middleware hook's: a handler's own is caught at its
+call) with :class:`~kinbox.core.errors.ExitRequested` instead, so it reaches
 the polling thread as a request to stop the worker, not as the process's
 exit status.
 """

@@ -2,7 +2,7 @@
 
 A partition has at most one batch in flight (:mod:`kinbox.consume.inflight`),
 so what it delivers meanwhile waits here, and becomes its next batch the
-moment the one in flight is settled — already fetched, so the database never
+moment the one in flight ends — already fetched, so the database never
 waits for Kafka.
 
 A lane holds at most :attr:`Lanes.cap` records: a fuller one is *held*

@@ -34,14 +34,15 @@ offset of its own and is no record, so ``last offset + 1`` stops one short
 of it, and a partition whose transactions all committed would show a lag
 of one for ever. So a partition's *position* (the consumer's next offset,
 past the markers) is committed instead, under one rule: only once every
-record the Kafka client has returned for the partition is settled in the
-database — then everything below the position is settled or no record at
-all. What the client returned is the transport's count
-(:meth:`~kinbox.core.transport.Transport.handed`), taken as each client call
-returns, not the records the runner has seen: librdkafka serves rebalance
-callbacks inside its calls, so a revoke served inside a poll meets records
-an earlier call of that poll returned, with the position past them, before
-the poll returns them to the runner. The transport then drops them (their
+record the Kafka client has returned for the partition is *settled* (its
+outcome final in the database: applied, a duplicate or dead-lettered) —
+then everything below the position is settled or no record at all. What
+the client returned is the transport's count
+(:meth:`~kinbox.core.transport.Transport.handed`), taken as each client
+call returns, not the records the runner has seen: librdkafka serves
+rebalance callbacks inside its calls, so a revoke served inside a poll meets
+records an earlier call of that poll returned, with the position past them,
+before the poll returns them to the runner. The transport then drops them (their
 assignment ended), and the offset the revoke committed lies below them:
 their next owner reads them.
 """

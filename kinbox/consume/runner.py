@@ -3,9 +3,10 @@
 Each turn: poll, queue the records per partition (:mod:`kinbox.consume.lanes`),
 start a batch for every partition that has records and no batch in flight
 (:mod:`kinbox.consume.inflight`: each batch on a worker thread, in its own
-database transaction, :mod:`kinbox.apply.batch`), settle the batches that
-ended, and send to Kafka the offsets their transactions covered — never more
-(:mod:`kinbox.consume.offsets`, docs/design.md invariant 2).
+database transaction, :mod:`kinbox.apply.batch`), collect the results of
+the batches that ended, and send to Kafka the offsets their transactions
+covered — never more (:mod:`kinbox.consume.offsets`, docs/design.md
+invariant 2).
 
 So partitions are applied side by side, each in offset order, and the
 polling thread never waits for a batch: while one partition's transaction
@@ -307,7 +308,7 @@ class Runner:
             self._on_stopping(error)
 
     def _close(self) -> BaseException | None:
-        """Settle the batches in flight, commit, release everything; return a batch's exception.
+        """Wait for the batches in flight, commit, release everything; return a batch's exception.
 
         The batches still running get until the shutdown deadline (see
         :data:`CLOSING_SHARE`): their offsets can still be committed. Those
@@ -365,10 +366,10 @@ class Runner:
         return exc
 
     def turn(self) -> None:
-        """One round: poll, start batches, settle those that ended, send offsets.
+        """One round: poll, start batches, collect those that ended, send offsets.
 
         Public so tests can step the loop (with an inline executor, every
-        batch started in a turn is also settled in it).
+        batch started in a turn is also collected in it).
         """
         self._pauses.sync()
         self._breaker.gate()
@@ -491,10 +492,10 @@ class Runner:
             self._lanes.add(tp, batch)
 
     def _progress(self) -> None:
-        """Settle the batches that ended and start the next ones, while that changes anything."""
-        self._settle_finished()
+        """Collect the batches that ended and start the next ones, while that changes anything."""
+        self._collect_ended()
         # An inline executor ends each batch as it starts: go on until every lane is empty.
-        while self._start() and self._settle_finished():
+        while self._start() and self._collect_ended():
             pass
 
     def _start(self) -> bool:
@@ -534,13 +535,13 @@ class Runner:
         lane = self._lanes.take(tp, self._lanes.waiting(tp))
         return self._breaker.admit({tp: lane}).get(tp, [])
 
-    def _settle_finished(self) -> bool:
-        finished = self._inflight.finished()
-        for tp, future in finished:
-            self._settle(tp, future)
-        return bool(finished)
+    def _collect_ended(self) -> bool:
+        ended = self._inflight.finished()
+        for tp, future in ended:
+            self._collect(tp, future)
+        return bool(ended)
 
-    def _settle(self, tp: Partition, future: Future[BatchResult]) -> None:
+    def _collect(self, tp: Partition, future: Future[BatchResult]) -> None:
         result = future.result()  # a batch's exception ends the loop, as it did the batch
         if tp not in self._assigned:
             return  # revoked or lost meanwhile: not ours to commit or rewind
