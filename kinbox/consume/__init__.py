@@ -1,8 +1,10 @@
 """Consume: the poll loop of one group member, up to the point a partition batch is applied.
 
 =============  ================================================================
-``runner``     the loop: poll, split by partition, hand batches over, commit
-               offsets; the rebalance callbacks
+``runner``     the loop: poll, wait, commit offsets; the rebalance callbacks;
+               the bounded stop
+``flow``       a poll's records to their batch's result: queued, admitted,
+               started, collected
 ``inflight``   the batch running on its worker thread while polling goes on
 ``offsets``    what may be committed to Kafka, and only that
 ``backoff``    a failed partition held paused, rewound and let go later

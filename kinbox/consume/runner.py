@@ -1,10 +1,10 @@
-"""The consume loop of one group member.
+"""The consume loop of one group member: poll, wait, commit, follow the rebalances, stop.
 
-Each turn: poll, queue the records per partition (:mod:`kinbox.consume.lanes`),
-start a batch for every partition that has records and no batch in flight
-(:mod:`kinbox.consume.inflight`: each batch on a worker thread, in its own
-database transaction, :mod:`kinbox.apply.batch`), collect the results of
-the batches that ended, and send to Kafka the offsets their transactions
+Each turn polls and hands the records to the :class:`~kinbox.consume.flow.BatchFlow`,
+which queues them per partition, starts a batch for every partition that has
+records and none in flight (each on a worker thread, in its own database
+transaction, :mod:`kinbox.apply.batch`) and collects the results of those
+that ended; then the turn sends to Kafka the offsets their transactions
 covered — never more (:mod:`kinbox.consume.offsets`, docs/design.md
 invariant 2).
 
@@ -15,18 +15,6 @@ are committed asynchronously as batches end (synchronously on revoke and at
 shutdown), each only after its own transaction, contiguous per partition
 (a partition's batches end in order), and never for a partition revoked or
 lost meanwhile.
-
-A partition that failed backs off (:mod:`kinbox.consume.backoff`): paused, rewound
-to the failed offset and resumed after the policy's delay, while the loop
-keeps polling. When the handler fails for event after event, the circuit
-breaker (:mod:`kinbox.consume.breaker`) pauses every partition for a while
-and then lets one event through. This module owns the loop, the assignment
-and the rebalance callbacks, and wires those pieces together.
-
-Three of them hold partitions paused: the lanes (a full lane), the backoff
-and the breaker. Each says so to one :class:`~kinbox.consume.pauses.PauseLedger`,
-which alone pauses and resumes the consumer: a partition is paused while any
-of them holds it.
 
 Stopping is bounded, whatever stops the loop — :meth:`Runner.stop` (a
 signal), a fatally failed consumer, ``missing_id=fail``, a batch that raised
@@ -42,39 +30,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor, Future
-from functools import partial
-from itertools import groupby
-from operator import itemgetter
+from concurrent.futures import Executor
 
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
-from kinbox.apply.skim import RUN_BATCHES, worth_skimming
-from kinbox.consume.backoff import Backoff
-from kinbox.consume.breaker import Breaker, State
+from kinbox.consume.flow import BatchFlow
 from kinbox.consume.inflight import HOLD_AFTER, InFlight
-from kinbox.consume.lanes import Lanes
 from kinbox.consume.offsets import Offsets
-from kinbox.consume.pauses import PauseLedger
 from kinbox.core.config import Settings
 from kinbox.core.describe import describe
 from kinbox.core.errors import ConfigurationError, FatalTransportError, KinboxError, TransportError
 from kinbox.core.inbox import InboxStore
 from kinbox.core.lag import LagBoard
-from kinbox.core.outcome import BatchResult
 from kinbox.core.policy import FailurePolicy, RetryPolicy
 from kinbox.core.publisher import Publisher
-from kinbox.core.record import Record
 from kinbox.core.transport import Partition, Transport, ValueReader, ValueReading
 from kinbox.middleware.base import Chain, WorkerInfo
 
 log = logging.getLogger(__name__)
-
-LANES_BUDGET = 64
-"""Batches waiting in all lanes together: sixteen each for up to four partitions."""
-
-_PARTITION = itemgetter(0, 1)
-"""A :class:`~kinbox.core.record.Record`'s ``(topic, partition)``."""
 
 BUSY_WAIT = 0.002
 """Seconds the loop sleeps, with batches in flight and nothing fetched, before polling again.
@@ -154,7 +127,7 @@ class Runner:
         self._lag = lag
         if value_reader is None and isinstance(transport, ValueReading):
             value_reader = transport.value_reader
-        self._processor = BatchProcessor(
+        processor = BatchProcessor(
             app.routes,
             store,
             settings.id_headers,
@@ -172,28 +145,14 @@ class Runner:
         self._failure: BaseException | None = None  # what stop() was given to raise
         self._on_stopping = on_stopping
         self._broken = False
-        self._pauses = PauseLedger(transport)
-        self._assigned = self._pauses.assigned
-        # Partitions whose last batch was a whole batch of duplicates: their
-        # next batch is a run of RUN_BATCHES, skimmed (kinbox.apply.skim).
-        self._skimming: set[Partition] = set()
         self._offsets = Offsets(transport)
-        self._backoff = Backoff(
-            transport,
-            self._pauses,
-            policy or RetryPolicy(settings.retry_initial, settings.retry_max),
-            clock,
-        )
-        self._breaker = Breaker(
-            transport, self._pauses, settings.breaker_failures, settings.breaker_pause, clock
+        self._inflight = InFlight(settings.pool_size, executor)
+        policy = policy or RetryPolicy(settings.retry_initial, settings.retry_max)
+        self._flow = BatchFlow(
+            app, settings, transport, processor, self._inflight, self._offsets, policy, clock
         )
         self._clock = clock
         self._polled = -SATURATED_WAIT
-        # Up to PER_LANE batches wait per partition, LANES_BUDGET in all: the
-        # next batch of every partition is fetched already when its batch ends.
-        most = settings.batch_max_messages
-        self._lanes = Lanes(self._pauses, most, LANES_BUDGET * most)
-        self._inflight = InFlight(settings.pool_size, executor)
         # The consumer's own value: -X max.poll.interval.ms wins over the setting.
         self._revoke_wait = min(settings.shutdown_timeout, settings.effective_max_poll_interval / 2)
 
@@ -322,8 +281,8 @@ class Runner:
             exc = future.exception()
             if exc is not None:
                 failed = failed or exc
-            elif not self._broken and tp in self._assigned:
-                self._advance(tp, future.result())
+            elif not self._broken and tp in self._flow.assigned:
+                self._flow.advance(tp, future.result())
         left = self._inflight.unfinished()
         self._inflight.shutdown()
         if not self._broken:  # a fatally broken consumer refuses every commit
@@ -371,9 +330,7 @@ class Runner:
         Public so tests can step the loop (with an inline executor, every
         batch started in a turn is also collected in it).
         """
-        self._pauses.sync()
-        self._breaker.gate()
-        self._backoff.release_due()
+        self._flow.gate()
         busy = len(self._inflight) > 0
         if busy and self._stocked():
             # Every partition's next batch is fetched already: whatever a poll
@@ -387,10 +344,11 @@ class Runner:
             records = self._transport.poll(self._settings.batch_max_messages, wait)
             self._polled = self._clock()
             if records:
-                self._take(records)
+                self._flow.take(records)
             elif busy:
-                self._inflight.wait(SATURATED_WAIT if self._saturated() else BUSY_WAIT)
-        self._progress()
+                saturated = self._flow.every_lane_holds(1)
+                self._inflight.wait(SATURATED_WAIT if saturated else BUSY_WAIT)
+        self._flow.progress()
         for tp, seconds in self._inflight.slow():
             log.info(
                 "batch on %s still running after %.1fs: pausing its partition once %d more "
@@ -398,7 +356,7 @@ class Runner:
                 "to stay in the group",
                 tp,
                 max(seconds, HOLD_AFTER),
-                self._lanes.cap,
+                self._flow.lanes.cap,
             )
         self._inflight.report_stuck()
         self._offsets.commit()
@@ -408,10 +366,7 @@ class Runner:
     def on_assigned(self, partitions: list[Partition]) -> None:
         """Start assigned partitions with a clean slate."""
         log.info("assigned %s", partitions)
-        for tp in partitions:
-            self._forget(tp)
-        self._pauses.assign(partitions)
-        self._lanes.share(len(self._assigned))
+        self._flow.assign(partitions)
 
     def on_revoked(self, partitions: list[Partition]) -> None:
         """Commit what the database has committed for ``partitions`` before they go.
@@ -422,13 +377,13 @@ class Runner:
         log.info("revoked %s", partitions)
         if self._broken:
             self._inflight.orphan(partitions)
-            self._release(partitions)  # nothing can be committed any more
+            self._flow.release(partitions)  # nothing can be committed any more
             return
         for tp, future in self._inflight.wait_for(partitions, self._revoke_wait):
-            if tp in self._assigned:
-                self._advance(tp, future.result())
+            if tp in self._flow.assigned:
+                self._flow.advance(tp, future.result())
         self._offsets.commit_leaving(partitions)
-        self._release(partitions)
+        self._flow.release(partitions)
 
     def on_lost(self, partitions: list[Partition]) -> None:
         """Forget ``partitions``: another member owns them now, so commit nothing."""
@@ -436,26 +391,13 @@ class Runner:
             "lost %s (expelled from the group); their offsets are not committed", partitions
         )
         self._inflight.orphan(partitions)
-        self._release(partitions)
+        self._flow.release(partitions)
 
     def on_committed(self, offsets: Mapping[Partition, int], error: TransportError | None) -> None:
         """The broker's answer to an asynchronous offset commit."""
         self._offsets.answered(offsets, error)
 
     # -- internals --
-
-    def _release(self, partitions: list[Partition]) -> None:
-        self._pauses.revoke(partitions)
-        for tp in partitions:
-            self._forget(tp)
-        self._lanes.share(len(self._assigned))
-
-    def _forget(self, tp: Partition) -> None:
-        self._skimming.discard(tp)
-        self._lanes.drop(tp)
-        self._offsets.forget(tp)
-        self._backoff.forget(tp)
-        self._breaker.forget(tp)
 
     def _stocked(self) -> bool:
         """Whether every assigned partition has a whole next batch waiting, and a poll was recent.
@@ -466,105 +408,4 @@ class Runner:
         """
         if self._clock() - self._polled >= SATURATED_WAIT:
             return False
-        return self._every_lane_holds(self._settings.batch_max_messages)
-
-    def _saturated(self) -> bool:
-        """Whether every assigned partition has records waiting for its next batch."""
-        return self._every_lane_holds(1)
-
-    def _every_lane_holds(self, records: int) -> bool:
-        """Whether every assigned partition (there is one at least) has ``records`` waiting."""
-        return bool(self._assigned) and all(
-            self._lanes.waiting(tp) >= records for tp in self._assigned
-        )
-
-    def _take(self, records: list[Record]) -> None:
-        # A poll returns each partition's records as runs, in offset order:
-        # one step per run, not per record (this is the polling thread's
-        # busiest loop in a replay).
-        for tp, run in groupby(records, _PARTITION):
-            batch = list(run)
-            if tp not in self._assigned or tp in self._backoff:
-                # Revoked meanwhile (its next owner reads it), or fetched
-                # before a pause took effect (the partition was rewound and
-                # will deliver these again after the resume).
-                continue
-            self._lanes.add(tp, batch)
-
-    def _progress(self) -> None:
-        """Collect the batches that ended and start the next ones, while that changes anything."""
-        self._collect_ended()
-        # An inline executor ends each batch as it starts: go on until every lane is empty.
-        while self._start() and self._collect_ended():
-            pass
-
-    def _start(self) -> bool:
-        """Start a batch for each partition with records waiting and none in flight."""
-        started = False
-        for tp in self._lanes.ready():
-            if self._inflight.full:
-                break
-            if tp in self._inflight or tp in self._backoff:
-                continue
-            skim = tp in self._skimming and self._breaker.state is State.CLOSED
-            batch = self._admitted(tp, RUN_BATCHES if skim else 1)
-            if not batch:
-                continue
-            attempt = self._backoff.attempt(tp, batch[0].offset)
-            work = partial(self._processor.process, batch, attempt, skim=skim)
-            self._inflight.submit(tp, work, self._label(tp, batch))
-            started = True
-        self._lanes.unhold()
-        return started
-
-    def _label(self, tp: Partition, batch: list[Record]) -> str:
-        """``topic[p]@first..last`` and the handler, for the reports of a batch that runs long."""
-        route = self._app.routes.get(tp[0])
-        handler = f" (handler {route.name})" if route is not None else ""
-        return f"{tp[0]}[{tp[1]}]@{batch[0].offset}..{batch[-1].offset}{handler}"
-
-    def _admitted(self, tp: Partition, batches: int = 1) -> list[Record]:
-        """Up to ``batches`` batches of ``tp``'s lane, as far as the circuit breaker lets them run.
-
-        A breaker open or half-open takes the whole lane: what it does not
-        let through (all, or all but its probe) it rewinds and pauses, so
-        those records come again when it closes.
-        """
-        if self._breaker.state is State.CLOSED:
-            return self._lanes.take(tp, batches * self._settings.batch_max_messages)
-        lane = self._lanes.take(tp, self._lanes.waiting(tp))
-        return self._breaker.admit({tp: lane}).get(tp, [])
-
-    def _collect_ended(self) -> bool:
-        ended = self._inflight.finished()
-        for tp, future in ended:
-            self._collect(tp, future)
-        return bool(ended)
-
-    def _collect(self, tp: Partition, future: Future[BatchResult]) -> None:
-        result = future.result()  # a batch's exception ends the loop, as it did the batch
-        if tp not in self._assigned:
-            return  # revoked or lost meanwhile: not ours to commit or rewind
-        self._advance(tp, result)
-        if worth_skimming(result, self._settings.batch_max_messages):
-            if tp not in self._skimming:
-                log.info(
-                    "%s: a whole batch of duplicates (a replay?): skimming its next records, "
-                    "%d batches at a time, until a batch holds something fresh",
-                    tp,
-                    RUN_BATCHES,
-                )
-                self._skimming.add(tp)
-        elif tp in self._skimming:
-            log.debug("%s: fresh events again: batch by batch", tp)
-            self._skimming.discard(tp)
-        if result.failure is not None:
-            self._backoff.fail(tp, result.failure)
-            # The records fetched behind the failure come again after the rewind.
-            self._lanes.drop(tp)
-
-    def _advance(self, tp: Partition, result: BatchResult) -> None:
-        self._breaker.observe(result)
-        if result.next_offset is not None:
-            self._offsets.advance(tp, result.next_offset)
-            self._backoff.advanced(tp, result.next_offset)
+        return self._flow.every_lane_holds(self._settings.batch_max_messages)

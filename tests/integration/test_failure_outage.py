@@ -113,7 +113,7 @@ def test_handler_slower_than_max_poll_interval_stays_in_the_group(
     config = dataclasses.replace(base, max_poll_interval=6, batch_max_messages=2).validate()
     with running(app, config) as runner:
         wait_for(lambda: committed(stack.bootstrap_servers, group, topic, 1) == {0: 3}, 40)
-        assert runner._assigned == {(topic, 0)}
+        assert runner._flow.assigned == {(topic, 0)}
     # The member was never expelled: no partition lost or revoked before the shutdown
     loop = {"kinbox.consume.runner", "kinbox.consume.inflight"}
     messages = [r.getMessage() for r in caplog.records if r.name in loop]

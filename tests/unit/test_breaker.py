@@ -361,11 +361,11 @@ def test_records_waiting_in_a_lane_when_it_opens_are_put_back_not_tried() -> Non
     for _ in range(10):
         runner.turn()
     assert executor.submitted == 2
-    assert runner._lanes.waiting(P0) > 0 and runner._lanes.waiting(P1) > 0
+    assert runner._flow.lanes.waiting(P0) > 0 and runner._flow.lanes.waiting(P1) > 0
     # When the batches end, their first events dead-lettered: the breaker opens
     executor.release()
     turns(runner, clock, 20)
-    assert state(runner._breaker) is State.OPEN
+    assert state(runner._flow.breaker) is State.OPEN
     # Then nothing that waited in a lane was started meanwhile; it was put back
     assert executor.submitted == 2
     assert transport.paused == {P0, P1}
@@ -422,7 +422,7 @@ def test_a_full_lane_stays_paused_when_the_breaker_lets_its_partition_go(
     ).validate()  # fmt: skip
     runner = Runner(app, config, transport, FakeStore(), clock=clock, executor=executor)
     transport.subscribe(app.topics, runner)
-    lanes = runner._lanes
+    lanes = runner._flow.lanes
     while len(executor.jobs) < 2:
         runner.turn()
     assert lanes.waiting(P0) >= lanes.cap and P0 in transport.paused

@@ -292,7 +292,7 @@ def test_backoff_grows_with_consecutive_outages() -> None:
     h.run(turns=0)
     for _ in range(4):
         h.runner.turn()
-        delays.append(h.runner._backoff.until[(T, 0)] - h.clock.now)
+        delays.append(h.runner._flow.backoff.until[(T, 0)] - h.clock.now)
         h.clock.now += 1000
     assert delays[0] < 2 < 4 < delays[3]
 
@@ -443,7 +443,7 @@ class SlowHarness(Harness):
         """Turn until no batch is in flight and nothing is waiting (at least one turn)."""
         deadline = time.monotonic() + timeout
         self.run()
-        while len(self.runner._inflight) or any(True for _ in self.runner._lanes.ready()):
+        while len(self.runner._inflight) or any(True for _ in self.runner._flow.lanes.ready()):
             assert time.monotonic() < deadline, "the batches never ended"
             self.run(advance=0)
 
