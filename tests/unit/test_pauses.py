@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from kinbox.consume.pauses import PauseLedger, Reason
 from kinbox.core.errors import TransportError
 from kinbox.core.transport import Partition
+from kinbox.testing import FakeTransport, record
+from tests.unit.test_breaker import failing_app, runner_with
 
 pytestmark = pytest.mark.unit
 
@@ -199,3 +201,17 @@ def test_with_refusals_the_ledger_knows_the_client_and_a_sync_catches_up(
     pauses.sync()
     assert client.paused & client.assigned == wanted(pauses)
     assert pauses.paused == client.paused
+
+
+def test_in_the_runner_a_partition_revoked_while_it_backs_off_comes_back_unpaused() -> None:
+    transport = FakeTransport({(T, 0): [record(T, 0, 0, "e0")]})
+    broken, applied = [True], list[str]()
+    runner, _, _, _ = runner_with(transport, failing_app(broken, applied))
+    runner.turn()  # the handler fails: the partition backs off, paused
+    assert transport.paused == runner._flow.pauses.paused == {(T, 0)}
+    transport.revoke([(T, 0)])
+    transport.assign([(T, 0)])
+    assert not runner._flow.pauses.paused and not runner._flow.pauses.wanted((T, 0))
+    broken[0] = False
+    runner.turn()  # no backoff left to wait out: read again from the committed offset
+    assert applied == ["e0"] and transport.committed == {(T, 0): 1}
