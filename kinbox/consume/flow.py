@@ -140,9 +140,9 @@ class BatchFlow:
         self.pauses.assign(partitions)
         self.lanes.share(len(self.pauses.assigned))
 
-    def release(self, partitions: list[Partition]) -> None:
+    def unassign(self, partitions: list[Partition]) -> None:
         """``partitions`` went (revoked or lost): resume them and forget them."""
-        self.pauses.revoke(partitions)
+        self.pauses.unassign(partitions)
         for tp in partitions:
             self._forget(tp)
         self.lanes.share(len(self.pauses.assigned))

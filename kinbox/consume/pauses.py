@@ -98,10 +98,10 @@ class PauseLedger:
             self._drop_wants(tp)
             self._assigned.add(tp)
             if tp in self._paused:
-                self._unsure = True  # its resume at the revoke was refused: sync() resumes it
+                self._unsure = True  # its resume at the unassign was refused: sync() resumes it
 
-    def revoke(self, partitions: Iterable[Partition]) -> None:
-        """``partitions`` are no longer this member's: resume those paused, forget their wants.
+    def unassign(self, partitions: Iterable[Partition]) -> None:
+        """``partitions`` were revoked or lost: resume those paused, forget their wants.
 
         A resume the client refuses is only logged (the partition is going
         either way); it stays recorded as paused, so an assignment of it
@@ -117,7 +117,7 @@ class PauseLedger:
         try:
             self._transport.resume(paused)
         except TransportError as exc:
-            log.debug("resume on revoke failed: %s", exc)
+            log.debug("resume on unassign failed: %s", exc)
             return
         self._paused.difference_update(paused)
 

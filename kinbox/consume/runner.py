@@ -267,7 +267,7 @@ class Runner:
             self._on_stopping(error)
 
     def _close(self) -> BaseException | None:
-        """Wait for the batches in flight, commit, release everything; return a batch's exception.
+        """Wait for the batches in flight, commit, close everything; return a batch's exception.
 
         The batches still running get until the shutdown deadline (see
         :data:`CLOSING_SHARE`): their offsets can still be committed. Those
@@ -377,13 +377,13 @@ class Runner:
         log.info("revoked %s", partitions)
         if self._broken:
             self._inflight.orphan(partitions)
-            self._flow.release(partitions)  # nothing can be committed any more
+            self._flow.unassign(partitions)  # nothing can be committed any more
             return
         for tp, future in self._inflight.wait_for(partitions, self._revoke_wait):
             if tp in self._flow.assigned:
                 self._flow.advance(tp, future.result())
         self._offsets.commit_leaving(partitions)
-        self._flow.release(partitions)
+        self._flow.unassign(partitions)
 
     def on_lost(self, partitions: list[Partition]) -> None:
         """Forget ``partitions``: another member owns them now, so commit nothing."""
@@ -391,7 +391,7 @@ class Runner:
             "lost %s (expelled from the group); their offsets are not committed", partitions
         )
         self._inflight.orphan(partitions)
-        self._flow.release(partitions)
+        self._flow.unassign(partitions)
 
     def on_committed(self, offsets: Mapping[Partition, int], error: TransportError | None) -> None:
         """The broker's answer to an asynchronous offset commit."""

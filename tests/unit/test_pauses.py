@@ -56,7 +56,7 @@ def assign(pauses: PauseLedger, client: Client, partitions: Sequence[Partition])
 
 
 def revoke(pauses: PauseLedger, client: Client, partitions: Sequence[Partition]) -> None:
-    pauses.revoke(partitions)  # the callback first, then the client lets them go
+    pauses.unassign(partitions)  # the callback first, then the client lets them go
     client.assigned.difference_update(partitions)
 
 
