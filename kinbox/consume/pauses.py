@@ -10,10 +10,11 @@ last one goes, so none of them can undo another's pause.
 
 The ledger keeps what is wanted apart from what the client has paused, and
 changes the latter only once the client took the call: a call it refused
-raises, and the next :meth:`PauseLedger.sync` tries again. Only assigned
-partitions are paused. A partition revoked or lost is resumed (its pause is
-this member's own state and must not outlive the assignment) and forgotten,
-and a partition assigned starts with no reason to be paused.
+raises, and the next :meth:`PauseLedger.sync` (before each poll) tries
+again. Only assigned partitions are paused. A partition revoked or lost is
+resumed (its pause is this member's own state and must not outlive the
+assignment) and forgotten, and a partition assigned starts with no reason
+to be paused.
 """
 
 from __future__ import annotations
