@@ -154,6 +154,17 @@ class Offsets:
         self._sent.update(offsets)
         self._sent_at = self._clock()
 
+    def queued(self) -> bool:
+        """Whether a commit is in flight and offsets settled since wait for its answer.
+
+        The answer arrives inside a poll, and an idle poll returns only at its
+        timeout: the runner polls in short slices meanwhile, so the newest
+        offsets go out one round trip late, not one idle poll late.
+        """
+        if not self._sent:
+            return False
+        return any(self._sent.get(tp) != o for tp, o in self._pending.items())
+
     def answered(self, offsets: Mapping[Partition, int], error: TransportError | None) -> None:
         """The broker's answer to an asynchronous commit of ``offsets``.
 

@@ -56,6 +56,14 @@ It wakes at once when a batch ends; the bound only says how soon a record
 that arrives meanwhile is fetched.
 """
 
+ANSWER_WAIT_SLICE = 0.005
+"""Seconds an idle poll waits at most while settled offsets queue behind a commit in flight.
+
+An idle poll otherwise waits ``batch_max_wait``, and the broker's answer,
+which only a poll serves, would hold the next commit that long; a
+coordinator answers in a few milliseconds.
+"""
+
 CLOSING_SHARE = 0.25
 """The part of ``shutdown_timeout`` kept, after the wait for the batches in flight, for
 committing offsets and closing the clients (:data:`CLOSING_MOST` at most)."""
@@ -341,6 +349,8 @@ class Runner:
             # With batches in flight, a poll must not wait: a batch ending is
             # what there is to do next, and wait() wakes for it at once.
             wait = 0.0 if busy else self._settings.batch_max_wait
+            if wait > ANSWER_WAIT_SLICE and self._offsets.queued():
+                wait = ANSWER_WAIT_SLICE
             records = self._transport.poll(self._settings.batch_max_messages, wait)
             self._polled = self._clock()
             if records:

@@ -26,8 +26,8 @@ def marker_after(transport: FakeTransport, tp: tuple[str, int]) -> None:
     transport.position[tp] += 1
 
 
-def test_an_idle_partition_commits_the_position_past_a_marker() -> None:
-    transport = FakeTransport({P0: [record(T, 0, o, f"e{o}") for o in range(3)]})
+def subscribed_runner(transport: FakeTransport) -> Runner:
+    """A runner of one recording handler on ``T``, subscribed to ``transport``, batches inline."""
     app = App(group_id="g")
 
     @app.handler(T)
@@ -37,6 +37,12 @@ def test_an_idle_partition_commits_the_position_past_a_marker() -> None:
     config = Settings(database_url="postgresql:///x", group_id="g").validate()
     runner = Runner(app, config, transport, FakeStore(), executor=InlineExecutor())
     transport.subscribe(app.topics, runner)
+    return runner
+
+
+def test_an_idle_partition_commits_the_position_past_a_marker() -> None:
+    transport = FakeTransport({P0: [record(T, 0, o, f"e{o}") for o in range(3)]})
+    runner = subscribed_runner(transport)
     runner.turn()
     assert transport.committed == {P0: 3}
     # When the marker at offset 3 is served by a later poll, with no record

@@ -1,13 +1,19 @@
-"""Offset commits follow the broker's pace: one asynchronous commit in flight at a time."""
+"""Offset commits follow the broker's pace: one asynchronous commit in flight at a time,
+and the next goes out as soon as its answer is served."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import pytest
 
 from kinbox.consume.offsets import ANSWER_WAIT, Offsets
+from kinbox.consume.runner import ANSWER_WAIT_SLICE
+from kinbox.core.config import Settings
 from kinbox.core.errors import TransportError
+from kinbox.core.record import Record
 from kinbox.testing import FakeTransport, record
-from tests.unit.test_offset_markers import Heard
+from tests.unit.test_offset_markers import Heard, subscribed_runner
 
 pytestmark = pytest.mark.unit
 
@@ -70,3 +76,61 @@ def test_a_failed_answer_frees_the_way_and_the_offset_is_sent_again() -> None:
     transport.poll(100, 0)  # the answer: failed
     offsets.commit()
     assert transport.commit_calls == [{P1: 2}, {P1: 2}] and transport.committed == {P1: 2}
+
+
+def test_offsets_settled_behind_a_commit_in_flight_are_queued_until_its_answer() -> None:
+    transport, heard = _consumed()
+    offsets = heard.offsets = Offsets(transport)
+    assert not offsets.queued()
+    offsets.advance(P0, 1)
+    assert not offsets.queued()  # nothing in flight: the turn's commit sends it
+    offsets.commit()
+    assert not offsets.queued()  # in flight, nothing newer
+    offsets.advance(P1, 4)
+    assert offsets.queued()
+    transport.poll(100, 0)  # the answer
+    assert not offsets.queued()
+
+
+class _SlowAnswers(FakeTransport):
+    """A fake whose commit answers wait until released, and which records each poll's wait."""
+
+    def __init__(self, logs: dict[tuple[str, int], list[Record]]) -> None:
+        super().__init__(logs)
+        self.waits: list[float] = []
+        self.held: list[tuple[dict[tuple[str, int], int], None]] = []
+
+    def commit(self, offsets: Mapping[tuple[str, int], int], *, asynchronous: bool = False) -> None:
+        super().commit(offsets, asynchronous=asynchronous)
+        if asynchronous:  # keep the answer back from the next poll
+            self.held.append((dict(offsets), None))
+            self._answers.pop()
+
+    def poll(self, max_messages: int, timeout: float) -> list[Record]:
+        self.waits.append(timeout)
+        return super().poll(max_messages, timeout)
+
+
+def test_an_idle_poll_waits_briefly_while_settled_offsets_queue_behind_a_commit() -> None:
+    transport = _SlowAnswers({P0: [record(T, 0, o, f"e{o}") for o in range(3)]})
+    runner = subscribed_runner(transport)
+    wait = Settings(database_url="postgresql:///x", group_id="g").validate().batch_max_wait
+    runner.turn()  # 0..2 applied, their commit sent, its answer held back
+    assert transport.commit_calls == [{P0: 3}]
+    runner.turn()  # idle, nothing queued behind the commit: the usual wait
+    assert transport.waits[-1] == wait
+    # Given records settled while the commit is still unanswered
+    transport.logs[P0].extend(record(T, 0, o, f"e{o}") for o in range(3, 5))
+    runner.turn()
+    assert transport.commit_calls == [{P0: 3}]
+    # Then the idle poll waits only a slice, so the answer is served soon
+    runner.turn()
+    assert transport.waits[-1] == ANSWER_WAIT_SLICE < wait
+    # And once it is, the next commit carries the queued offset
+    transport._answers.extend(transport.held)
+    runner.turn()
+    assert transport.commit_calls == [{P0: 3}, {P0: 5}]
+    runner.turn()
+    transport._answers.extend(transport.held[1:])
+    runner.turn()
+    assert transport.waits[-1] == wait
