@@ -39,7 +39,14 @@ def run(spec: ChildSpec) -> None:
 
 
 def run_streaming(spec: ChildSpec) -> None:
-    """Consume until SIGTERM: wait for one record only, commit offsets asynchronously."""
+    """Consume until SIGTERM: wait for one record only, commit offsets asynchronously.
+
+    One commit is in flight at a time, and the next carries the latest
+    offsets: a Kafka 4 group coordinator answers a member's commits one at
+    a time, each after its append linger, and a commit per poll at 1,000
+    events/s queues them until the member's heartbeats time out behind
+    them (the same pacing kinbox's worker uses).
+    """
 
     def poll(consumer: Consumer) -> list[Message]:
         first = consumer.consume(1, WAIT)
@@ -54,10 +61,21 @@ def _consume(
     stop = StopFlag()
     claim = claim_many(spec.schema)
     insert = effects.insert_many(spec.schema, spec.table)
-    consumer = Consumer(consumer_config(spec))
+    due: dict[int, int] = {}  # settled, not yet sent (asynchronous commits only)
+    answered = [True]  # no asynchronous commit waits for its answer
+
+    def on_commit(_error: object, _partitions: object) -> None:
+        answered[0] = True
+
+    consumer = Consumer({**consumer_config(spec), "on_commit": on_commit})
     consumer.subscribe([spec.topic])
     with psycopg.connect(spec.database_url) as conn:
         while not stop:
+            if due and answered[0]:
+                sent = [TopicPartition(spec.topic, p, o) for p, o in due.items()]
+                consumer.commit(offsets=sent, asynchronous=True)
+                due.clear()
+                answered[0] = False
             messages = [m for m in poll(consumer) if not m.error()]
             if not messages:
                 continue
@@ -85,7 +103,7 @@ def _consume(
                 failpoint("after_db_commit")
                 ends.append(TopicPartition(spec.topic, partition, rows[-1][2] + 1))
             if asynchronous:
-                consumer.commit(offsets=ends, asynchronous=True)
+                due.update((tp.partition, tp.offset) for tp in ends)
             else:
                 consumer.commit(offsets=ends, asynchronous=False)
     if asynchronous:
