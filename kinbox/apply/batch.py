@@ -7,6 +7,8 @@
                          derived id, or stop — the ``missing_id`` setting)
             ─► BEGIN
                claim ids: one INSERT … ON CONFLICT DO NOTHING RETURNING  (duplicates drop out)
+               only if some dropped out: record those whose payload differs
+                   from their id's row's (reused ids, :mod:`kinbox.core.reuse`)
                run the handler over the fresh events, in offset order
                    (optimistically, without savepoints, a per-event handler's
                    statements pipelined: see :mod:`kinbox.apply.dispatch`);
@@ -22,6 +24,7 @@
                    ─► BEGIN again: the same batch, their verdicts fixed
                failpoint before_db_commit
             ─► COMMIT ─► failpoint after_db_commit
+            ─► a WARNING per reused id recorded (counted in the batch result)
             ─► after_dead_letter, after_batch hooks
             ─► the caller may now commit offset last + 1 to Kafka
 
@@ -103,7 +106,8 @@ from kinbox.core.letter import INVALID_ID, Letter, is_replay
 from kinbox.core.outcome import BatchResult, Failure, Step
 from kinbox.core.publisher import OutgoingRecord, Publisher, Sending, deliver
 from kinbox.core.record import Record
-from kinbox.core.steps import CheckDeferred, Claim, DeadLetterRow, Seen, Steps
+from kinbox.core.reuse import Sighting
+from kinbox.core.steps import CheckDeferred, CheckReused, Claim, DeadLetterRow, Seen, Steps
 from kinbox.core.transport import ValueReader
 from kinbox.middleware.base import Chain, Middleware
 
@@ -176,6 +180,7 @@ class BatchProcessor:
         self._id_headers = tuple(id_headers)
         self._publisher: Publisher = publisher or _NoPublisher()
         self._chain = Chain(middleware)
+        self._consumer = consumer
         self._dispatcher = Dispatcher(consumer, max_attempts, self._chain)
         self._missing_id = missing_id
         self._limits = dict(dead_letter_limits or {})
@@ -356,7 +361,12 @@ class BatchProcessor:
         fresh, letters = done.fresh, done.letters
         self._step("commit", events[0], fresh, done.committing)
         failpoint("after_db_commit")
-        return Tally(len(fresh) - len(letters), len(events) - len(fresh) + skimmed, letters)
+        for sighting in done.reused:  # told once committed: a rolled-back pass recorded nothing
+            self._report(sighting)
+        return Tally(
+            len(fresh) - len(letters), len(events) - len(fresh) + skimmed, letters,
+            len(done.reused),
+        )  # fmt: skip
 
     def _transaction(
         self,
@@ -373,6 +383,8 @@ class BatchProcessor:
         """
         fresh = done.fresh = yield from self._claim(events)
         done.claimed = True
+        if len(fresh) < len(events):  # only duplicates can reuse an id: a clean batch pays nothing
+            done.reused = yield from self._reused(events, fresh)
         letters = done.letters
         runnable = []
         for event in fresh:
@@ -455,6 +467,34 @@ class BatchProcessor:
         self._step("claim", events[0], events, started, fresh)
         return fresh
 
+    def _reused(self, events: list[Event], fresh: list[Event]) -> Steps[list[Sighting]]:
+        """Record the duplicates among ``events`` whose payload differs from their id's row's."""
+        taken = {e.offset for e in fresh}
+        try:
+            sightings: list[Sighting] = yield CheckReused(
+                [e for e in events if e.offset not in taken]
+            )
+        except StoreError as exc:
+            if exc.transient:
+                raise
+            raise Refused("claim", exc) from exc  # the claim's bookkeeping: narrowed down alike
+        return sightings
+
+    def _report(self, sighting: Sighting) -> None:
+        """Say that ``sighting``'s event reused an id with another payload, and was not applied."""
+        event = sighting.event
+        log.warning(
+            "event id %r reused with a different payload in group %r: first processed from %s, "
+            "now at %s; not applied",
+            event.id, self._consumer, sighting.first, sighting.again,
+            extra={
+                "topic": event.topic, "partition": event.partition, "offset": event.offset,
+                "event_id": event.id, "group": self._consumer,
+                "first_topic": sighting.first_topic, "first_partition": sighting.first_partition,
+                "first_offset": sighting.first_offset,
+            },
+        )  # fmt: skip
+
     def _record(self, fresh: list[Event], letters: list[Letter], plan: Plan) -> Steps[None]:
         """Mark the dead letters' rows ``dead_lettered``, with the reason (or its bare code)."""
         by_offset = {e.offset: e for e in fresh}
@@ -490,3 +530,5 @@ class _Done:
     """When COMMIT began (time.time_ns), for after_step."""
     fresh: list[Event] = dataclasses.field(default_factory=list)
     letters: list[Letter] = dataclasses.field(default_factory=list)
+    reused: list[Sighting] = dataclasses.field(default_factory=list)
+    """Duplicates that reused an id with another payload, recorded in this transaction."""

@@ -172,6 +172,8 @@ class Tally:
     applied: int
     duplicates: int
     letters: list[Letter]
+    reused: int = 0
+    """Of the duplicates, those that reused an id with another payload (recorded)."""
 
 
 Apply = Callable[[list[Event], Plan], Tally]
@@ -217,7 +219,7 @@ class Settlement:
         self._start = 0  # events before it are committed
         self._bound = len(events)  # the batch stops here (a failure to retry)
         self._stopped: Failure | None = None
-        self._applied = self._duplicates = 0
+        self._applied = self._duplicates = self._reused = 0
         self._letters: list[Letter] = []
 
     def run(self, apply: Apply) -> BatchResult:
@@ -288,6 +290,7 @@ class Settlement:
                 break
             self._applied += tally.applied
             self._duplicates += tally.duplicates
+            self._reused += tally.reused
             self._letters += tally.letters
             self._plan.conflicts.clear()
             # Committed: next, the rest of the refused part (the refusal is
@@ -396,7 +399,7 @@ class Settlement:
         done = self._events[self._start - 1].offset + 1 if self._start else None
         return BatchResult(
             done, self._stopped, self._applied, self._duplicates, len(self._letters),
-            tuple(self._letters),
+            tuple(self._letters), self._reused,
         )  # fmt: skip
 
 

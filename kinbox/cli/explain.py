@@ -53,6 +53,14 @@ def render(found: Explanation) -> str:
         lines.append(line)
         if p.reason:
             lines.append(f"      reason: {p.reason}")
+    if found.reused:
+        lines.append(f"  id reused with a different payload ({len(found.reused)}), not applied:")
+        for r in found.reused:
+            first = f"{r.first_topic}[{r.first_partition}]@{r.first_offset}"
+            lines.append(
+                f"    {r.consumer}  {r.topic}[{r.partition}]@{r.offset}  at {_when(r.seen_at)}"
+                f"  (first processed from {first})"
+            )
     if found.unseen:
         lines.append(f"  no row in: {', '.join(found.unseen)}")
     if not found.outbox:

@@ -8,6 +8,7 @@
 ``describe``     exceptions and values as safe, bounded text
 ``cause``        which inbox event a handler works for, read by ``enqueue``
 ``traceparent``  the W3C trace id of a record, stored by the claim
+``reuse``        the payload digest the claim keeps, and a reused id's sighting
 ``failpoints``   crash points for the fault tests, one grammar
 ``lazy``         names that load on first use, for ``__init__`` files
 ``otel/``        OpenTelemetry names, W3C trace context, the SDK from ``OTEL_*``

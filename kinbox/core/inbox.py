@@ -34,6 +34,7 @@ from kinbox.core.errors import ConfigurationError
 from kinbox.core.steps import (
     Call,
     CheckDeferred,
+    CheckReused,
     Claim,
     DeadLetterRow,
     OpenPipeline,
@@ -46,6 +47,7 @@ from kinbox.core.steps import (
 if TYPE_CHECKING:
     from kinbox.core.errors import ConflictError, StoreError
     from kinbox.core.event import Event
+    from kinbox.core.reuse import Sighting
 
 T = TypeVar("T")
 
@@ -69,6 +71,20 @@ class InboxTransaction(Protocol):
         Raises:
             StoreError: ``transient`` unless PostgreSQL (or psycopg) refused
                 something in the statement, such as an id it cannot store.
+        """
+
+    def reused(self, events: Sequence[Event]) -> list[Sighting]:
+        """Record those of ``events`` whose payload differs from their id's claimed row's.
+
+        ``events`` are duplicates the last claim dropped. One is reused when
+        its row holds a payload digest (:func:`~kinbox.core.reuse.payload_digest`)
+        and it differs from the event's; rows claimed before digests were
+        kept have none, and never report. Each reuse is recorded once per
+        record (a redelivery of the same record is not new), in this
+        transaction; the result is the new ones.
+
+        Raises:
+            StoreError: as :meth:`claim` does.
         """
 
     def dead_letter(self, event: Event, reason: str) -> None:
@@ -302,6 +318,8 @@ def _run(
         return pipes[-1][1]()
     if isinstance(step, Claim):
         return tx.claim(step.events, step.reclaim)
+    if isinstance(step, CheckReused):
+        return tx.reused(step.events)
     if isinstance(step, DeadLetterRow):
         return tx.dead_letter(step.event, step.reason)
     if isinstance(step, CheckDeferred):

@@ -34,6 +34,8 @@ class BatchResult:
         duplicates: deliveries the inbox suppressed.
         dead_lettered: records sent to a dead-letter topic and recorded so.
         letters: those dead letters.
+        reused: of the duplicates, those whose payload differed from the one
+            their id was first processed with (:mod:`kinbox.core.reuse`).
     """
 
     next_offset: int | None
@@ -42,6 +44,7 @@ class BatchResult:
     duplicates: int = 0
     dead_lettered: int = 0
     letters: tuple[Letter, ...] = ()
+    reused: int = 0
 
     def then(self, later: BatchResult) -> BatchResult:
         """One result for this batch followed by ``later``, the next one of its partition."""
@@ -52,6 +55,7 @@ class BatchResult:
             self.duplicates + later.duplicates,
             self.dead_lettered + later.dead_lettered,
             self.letters + later.letters,
+            self.reused + later.reused,
         )
 
 

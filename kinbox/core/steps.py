@@ -38,6 +38,16 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckReused:
+    """Record which of ``events`` reuse an id with another payload; the result is the sightings.
+
+    ``events`` are duplicates the claim just dropped (:meth:`InboxTransaction.reused`).
+    """
+
+    events: Sequence[Event]
+
+
+@dataclass(frozen=True, slots=True)
 class DeadLetterRow:
     """Set ``event``'s claimed row to ``dead_lettered`` (:meth:`InboxTransaction.dead_letter`)."""
 
@@ -88,7 +98,16 @@ class ClosePipeline:
     error: BaseException | None = field(default=None)
 
 
-Step = Claim | DeadLetterRow | CheckDeferred | Call | OpenPipeline | SyncPipeline | ClosePipeline
+Step = (
+    Claim
+    | CheckReused
+    | DeadLetterRow
+    | CheckDeferred
+    | Call
+    | OpenPipeline
+    | SyncPipeline
+    | ClosePipeline
+)
 """Anything a program may ask of the store."""
 
 Steps = Generator[Step, Any, T]

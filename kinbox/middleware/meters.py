@@ -32,6 +32,7 @@ class Meters:
         self._consumed = counter(meter, sc.CONSUMED_MESSAGES)
         self._applied = counter(meter, sc.APPLIED_EVENTS)
         self._duplicates = counter(meter, sc.DUPLICATE_EVENTS)
+        self._reused = counter(meter, sc.REUSED_IDS)
         self._dead_lettered = counter(meter, sc.DEAD_LETTERED_EVENTS)
         self._failures = counter(meter, sc.BATCHES_FAILED)
         self._undeliverable = counter(meter, sc.UNDELIVERABLE)
@@ -76,10 +77,11 @@ class Meters:
         self._process.record(seconds, labels)
 
     def settled(self, topic: str, result: BatchResult, error: BaseException | None) -> None:
-        """What became of a partition batch: applied, duplicates, dead letters, a failure."""
+        """What became of a partition batch: applied, duplicates, reused ids, dead letters."""
         labels = {sc.TOPIC: topic}
         self._applied.add(result.applied, labels)
         self._duplicates.add(result.duplicates, labels)
+        self._reused.add(result.reused, labels)
         self._dead_lettered.add(result.dead_lettered, labels)
         failure = result.failure
         if failure is not None:

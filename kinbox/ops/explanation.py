@@ -6,7 +6,8 @@ descent per group, milliseconds on ten million rows, where ``SELECT DISTINCT
 consumer`` reads them all). The broker's list of groups is not used: a group
 that never wrote to this table has no row to find, and one whose offsets
 expired still has its rows. Then one primary-key probe per group finds the
-event (:mod:`kinbox.store.inspect`).
+event (:mod:`kinbox.store.inspect`), and its deliveries that reused the id
+with a different payload (recorded by the worker, never applied).
 
 The outbox, when this schema has one: the row published *as* the event (the
 relay's records carry their row's id as the event id), and the rows the
@@ -21,7 +22,7 @@ from typing import Any
 from kinbox.core.config import Settings
 from kinbox.core.errors import SchemaError
 from kinbox.store import migrations
-from kinbox.store.inspect import InboxReader, Processed
+from kinbox.store.inspect import InboxReader, Processed, Reused
 from producer_outbox.links import OutboxEntry, caused_by, source
 from producer_outbox.schema import OUTBOX
 
@@ -40,6 +41,8 @@ class Explanation:
     """The outbox row published as this event, if it is here."""
     enqueued: list[OutboxEntry] = field(default_factory=list)
     """Rows enqueued while a group handled this event."""
+    reused: list[Reused] = field(default_factory=list)
+    """Deliveries that reused the id with a different payload (not applied)."""
 
     @property
     def found(self) -> bool:
@@ -62,6 +65,7 @@ class Explanation:
             "outbox": self.outbox,
             "source": None if self.source is None else vars(self.source),
             "enqueued": [vars(row) for row in self.enqueued],
+            "reused": [vars(row) for row in self.reused],
         }
 
 
@@ -74,10 +78,11 @@ def explain(settings: Settings, event_id: str, groups: list[str] | None = None) 
     with InboxReader(settings.database_url, settings.schema) as reader:
         names = sorted(set(groups)) if groups else reader.consumers()
         processed = reader.lookup(names, event_id)
+        reused = reader.reused(names, event_id) if processed else []
         try:
             migrations.check(reader.connection, reader.schema, OUTBOX)
         except SchemaError:
-            return Explanation(event_id, names, processed)
+            return Explanation(event_id, names, processed, reused=reused)
         return Explanation(
             event_id,
             names,
@@ -85,4 +90,5 @@ def explain(settings: Settings, event_id: str, groups: list[str] | None = None) 
             outbox=True,
             source=source(reader.connection, reader.schema, event_id),
             enqueued=caused_by(reader.connection, reader.schema, names, event_id),
+            reused=reused,
         )

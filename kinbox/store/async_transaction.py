@@ -17,12 +17,14 @@ import psycopg
 from kinbox.core import steps
 from kinbox.core.errors import ConflictError, StoreError
 from kinbox.core.event import Event
+from kinbox.core.reuse import Sighting
 from kinbox.store import transaction as shared
 from kinbox.store.cursors import forget, refused
 from kinbox.store.errors import translate
 from kinbox.store.statements import CHECK_DEFERRED, InboxStatements
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 _Pipe = tuple[
     AbstractAsyncContextManager[Callable[[], Awaitable[bool]]], Callable[[], Awaitable[bool]]
@@ -58,6 +60,8 @@ async def _step(step: steps.Step, tx: AsyncTransaction, pipes: list[_Pipe]) -> A
         return await pipes[-1][1]()
     if isinstance(step, steps.Claim):
         return await tx.claim(step.events, step.reclaim)
+    if isinstance(step, steps.CheckReused):
+        return await tx.reused(step.events)
     if isinstance(step, steps.DeadLetterRow):
         return await tx.dead_letter(step.event, step.reason)
     if isinstance(step, steps.CheckDeferred):
@@ -97,7 +101,14 @@ class AsyncTransaction:
 
     async def claim(self, events: Sequence[Event], reclaim: Collection[str]) -> list[Event]:
         """See :meth:`~kinbox.core.inbox.InboxTransaction.claim`."""
-        plan = shared.ClaimPlan(self._sql, self._consumer, events, reclaim)
+        return await self._planned(shared.ClaimPlan(self._sql, self._consumer, events, reclaim))
+
+    async def reused(self, events: Sequence[Event]) -> list[Sighting]:
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.reused`."""
+        return await self._planned(shared.ReusedPlan(self._sql, self._consumer, events))
+
+    async def _planned(self, plan: shared.Plan[R]) -> R:
+        """Run ``plan``'s statements in order; its result."""
         for statement, params in plan.statements:
             try:
                 plan.take(await (await self._conn.execute(statement, params)).fetchall())

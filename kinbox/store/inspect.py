@@ -13,6 +13,8 @@ an index over only what it returns:
 - the activity of a window: a range of the ``processed_at`` index;
 - dead letters and skips: the partial index of the rows that are not
   ``applied`` (inbox migration step 3), which the claim never writes to;
+- the reuses of one id (``reused_event_ids``, inbox migration step 4): a
+  probe of its primary key per group, as for the id's own rows;
 - the verdicts of given events (the console's dead letters): one
   primary-key probe per ``(consumer, event id)`` asked about;
 - the table's size: the planner's row estimate and ``pg_total_relation_size``,
@@ -72,6 +74,12 @@ FROM {table} WHERE consumer = ANY(%s) AND event_id = %s
 ORDER BY processed_at, consumer
 """
 
+_REUSED = """
+SELECT consumer, topic, partition, "offset", first_topic, first_partition, first_offset, seen_at
+FROM {reused} WHERE consumer = ANY(%s) AND event_id = %s
+ORDER BY seen_at, consumer
+"""
+
 
 # unnest() pairs the groups with the ids, so each pair is one primary-key probe.
 _STATUSES = """
@@ -116,6 +124,23 @@ class Processed:
     trace_id: str | None
 
 
+@dataclass(frozen=True)
+class Reused:
+    """A delivery of an event id, in one group, whose payload differed from the id's row's.
+
+    It was not applied; ``first_*`` is where the id's row was claimed.
+    """
+
+    consumer: str
+    topic: str
+    partition: int
+    offset: int
+    first_topic: str
+    first_partition: int
+    first_offset: int
+    seen_at: datetime
+
+
 class InboxReader:
     """A read-only view of one schema's ``processed_events``; a context manager.
 
@@ -127,6 +152,7 @@ class InboxReader:
     def __init__(self, conninfo: str, schema: str) -> None:
         self.schema = sql_identifier(schema, setting="schema")
         self._table = sql.Identifier(self.schema, "processed_events")
+        self._reused = sql.Identifier(self.schema, "reused_event_ids")
         try:
             self._conn: psycopg.Connection[tuple[Any, ...]] = psycopg.connect(
                 conninfo, autocommit=True, connect_timeout=10
@@ -148,7 +174,8 @@ class InboxReader:
 
     def _rows(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         try:
-            return self._conn.execute(sql.SQL(query).format(table=self._table), params).fetchall()
+            text = sql.SQL(query).format(table=self._table, reused=self._reused)
+            return self._conn.execute(text, params).fetchall()
         except psycopg.Error as exc:
             raise translate(exc) from exc
 
@@ -194,3 +221,7 @@ class InboxReader:
     def lookup(self, groups: list[str], event_id: str) -> list[Processed]:
         """The rows of ``event_id`` in each of ``groups`` that has one, oldest first."""
         return [Processed(*row) for row in self._rows(_LOOKUP, (groups, event_id))]
+
+    def reused(self, groups: list[str], event_id: str) -> list[Reused]:
+        """The deliveries of ``event_id`` in ``groups`` that reused it with another payload."""
+        return [Reused(*row) for row in self._rows(_REUSED, (groups, event_id))]

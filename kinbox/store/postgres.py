@@ -26,6 +26,7 @@ from kinbox.core.errors import ConflictError, SchemaError, StoreError
 from kinbox.core.event import Event
 from kinbox.core.inbox import InboxTransaction, Invoke, drive
 from kinbox.core.names import sql_identifier
+from kinbox.core.reuse import Sighting
 from kinbox.core.steps import Program
 from kinbox.store import migrations
 from kinbox.store.arrays import text_array
@@ -36,6 +37,8 @@ from kinbox.store.schema import INBOX
 from kinbox.store.statements import CHECK_DEFERRED, InboxStatements
 from kinbox.store.transaction import (
     ClaimPlan,
+    Plan,
+    ReusedPlan,
     aborted,
     after_pipeline,
     conflict,
@@ -46,6 +49,7 @@ from kinbox.store.transaction import (
 )
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class PostgresInboxStore:
@@ -178,7 +182,13 @@ class _PostgresTransaction:
         return self._conn
 
     def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
-        plan = ClaimPlan(self._store._sql, self._consumer, events, reclaim)
+        return self._planned(ClaimPlan(self._store._sql, self._consumer, events, reclaim))
+
+    def reused(self, events: Sequence[Event]) -> list[Sighting]:
+        return self._planned(ReusedPlan(self._store._sql, self._consumer, events))
+
+    def _planned(self, plan: Plan[R]) -> R:
+        """Run ``plan``'s statements in order; its result."""
         for statement, params in plan.statements:
             try:
                 plan.take(self._conn.execute(statement, params).fetchall())

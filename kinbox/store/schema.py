@@ -4,10 +4,13 @@ Step 1 creates the table; step 2 adds ``reason`` (why a row is
 ``dead_lettered`` or ``skipped``); step 3 adds ``trace_id`` (the W3C trace id
 of the record that claimed the row, for ``kinbox explain``) and a partial
 index over the rows that are not ``applied`` (``kinbox status`` counts dead
-letters from it). Its primary key ``(consumer, event_id)`` *is* the
-dedup guarantee: the claim ``INSERT ... ON CONFLICT DO NOTHING`` of a second
-delivery conflicts with the first one's row (or waits for the first one's
-transaction, if it is still open) and drops out. Keying on the consumer group
+letters from it); step 4 adds ``payload_hash`` (the digest of the claimed
+record's value, :mod:`kinbox.core.reuse`) and the ``reused_event_ids`` table,
+where a duplicate whose payload differs is recorded. Its primary key
+``(consumer, event_id)`` *is* the dedup guarantee: the claim ``INSERT ...
+ON CONFLICT DO NOTHING`` of a second delivery conflicts with the first one's
+row (or waits for the first one's transaction, if it is still open) and
+drops out. Keying on the consumer group
 as well as the id lets several groups share one database (docs/design.md invariant 4).
 """
 
@@ -74,5 +77,41 @@ def _add_trace_id_and_verdict_index(schema: sql.Identifier) -> list[sql.Composed
     ]
 
 
-INBOX = Component("inbox", [_create_processed_events, _add_reason, _add_trace_id_and_verdict_index])
+def _add_payload_hash_and_reused_ids(schema: sql.Identifier) -> list[sql.Composed]:
+    return [
+        # Nullable and without a DEFAULT, like trace_id: adding it rewrites
+        # nothing. Rows claimed before it have none and never report a reuse.
+        sql.SQL(
+            "ALTER TABLE {}.processed_events ADD COLUMN IF NOT EXISTS payload_hash bigint"
+        ).format(schema),
+        # Written only when a duplicate's digest differs from its row's, so
+        # the claim of a clean stream never touches it. One row per record:
+        # a redelivery of the same record is not a new sighting.
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.reused_event_ids ("
+            " consumer text NOT NULL,"
+            " event_id text NOT NULL,"
+            " topic text NOT NULL,"
+            " partition integer NOT NULL,"
+            ' "offset" bigint NOT NULL,'
+            " payload_hash bigint NOT NULL,"
+            " first_topic text NOT NULL,"
+            " first_partition integer NOT NULL,"
+            " first_offset bigint NOT NULL,"
+            " first_payload_hash bigint NOT NULL,"
+            " seen_at timestamptz NOT NULL DEFAULT now(),"
+            ' PRIMARY KEY (consumer, event_id, topic, partition, "offset"))'
+        ).format(schema),
+    ]
+
+
+INBOX = Component(
+    "inbox",
+    [
+        _create_processed_events,
+        _add_reason,
+        _add_trace_id_and_verdict_index,
+        _add_payload_hash_and_reused_ids,
+    ],
+)
 """The inbox component; ``kinbox migrate`` brings it to ``INBOX.version``."""

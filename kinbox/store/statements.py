@@ -18,8 +18,8 @@ from psycopg import sql
 # the event once. Never SELECT-then-INSERT: that races.
 #
 # One partition's events at a time: topic and partition are plain
-# parameters, the ids, offsets and trace ids three array literals (see
-# kinbox.store.arrays).
+# parameters, the ids, offsets, trace ids and payload digests four array
+# literals (see kinbox.store.arrays).
 #
 # In the ids' order, not the batch's: each row's key is locked as it is
 # inserted, and two batches side by side may share ids (a producer's
@@ -29,9 +29,10 @@ from psycopg import sql
 # one order, the later batch waits for the earlier one and nothing more.
 _INSERT = (
     "INSERT INTO {}.processed_events"
-    ' (consumer, event_id, status, topic, partition, "offset", trace_id)'
-    " SELECT %s, c.event_id, 'applied', %s, %s, c.off, c.trace_id"
-    " FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS c(event_id, off, trace_id)"
+    ' (consumer, event_id, status, topic, partition, "offset", trace_id, payload_hash)'
+    " SELECT %s, c.event_id, 'applied', %s, %s, c.off, c.trace_id, c.hash"
+    " FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::bigint[])"
+    " AS c(event_id, off, trace_id, hash)"
     " ORDER BY c.event_id"
     " ON CONFLICT (consumer, event_id) "
 )
@@ -43,7 +44,8 @@ _CLAIM = _INSERT + "DO NOTHING RETURNING event_id"
 _RECLAIM = (
     _INSERT + "DO UPDATE SET status = 'applied', topic = EXCLUDED.topic,"
     ' partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
-    " processed_at = now(), reason = NULL, trace_id = EXCLUDED.trace_id"
+    " processed_at = now(), reason = NULL, trace_id = EXCLUDED.trace_id,"
+    " payload_hash = EXCLUDED.payload_hash"
     " WHERE processed_events.status = 'dead_lettered'"
     " RETURNING event_id"
 )
@@ -56,6 +58,26 @@ _KNOWN = (
     "SELECT c.event_id FROM unnest(%s::text[]) AS c(event_id)"
     " CROSS JOIN LATERAL (SELECT FROM {}.processed_events p"
     " WHERE p.consumer = %s AND p.event_id = c.event_id LIMIT 1) AS found"
+)
+# Reused ids: runs only when a claim dropped duplicates, after it, in its
+# transaction, over those duplicates alone (one partition's). Each row is
+# there: the claim just met it (or waited for the transaction that wrote it),
+# or inserted it for an earlier record of the batch; one primary-key probe
+# each. A row without a digest never differs (NULL <> x is not true). The
+# sighting's key is the record's position, so a redelivered record is
+# recorded, and returned, once.
+_REUSED = (
+    "INSERT INTO {0}.reused_event_ids"
+    ' (consumer, event_id, topic, partition, "offset", payload_hash,'
+    " first_topic, first_partition, first_offset, first_payload_hash)"
+    ' SELECT p.consumer, p.event_id, %s, %s, c.off, c.hash, p.topic, p.partition, p."offset",'
+    " p.payload_hash"
+    " FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS c(event_id, off, hash)"
+    " JOIN {0}.processed_events p ON p.consumer = %s AND p.event_id = c.event_id"
+    " WHERE p.payload_hash <> c.hash"
+    " ORDER BY c.event_id, c.off"
+    " ON CONFLICT DO NOTHING"
+    ' RETURNING topic, partition, "offset", first_topic, first_partition, first_offset'
 )
 # Runs only on a row this transaction just claimed, so it always finds it.
 _DEAD_LETTER = (
@@ -74,15 +96,18 @@ class InboxStatements:
     """The statements of one schema's inbox, rendered to bytes.
 
     Parameters, in order: ``claim`` and ``reclaim`` take the consumer, topic,
-    partition and three array literals (ids, offsets, trace ids); ``known``
-    an array literal of ids and the consumer; ``dead_letter`` the reason,
-    the consumer and the id.
+    partition and four array literals (ids, offsets, trace ids, payload
+    digests); ``reused`` the topic, partition, three array literals (ids,
+    offsets, digests) and the consumer; ``known`` an array literal of ids and
+    the consumer; ``dead_letter`` the reason, the consumer and the id.
     """
 
     claim: bytes
     """Records fresh ids as ``applied``; returns those it inserted."""
     reclaim: bytes
     """:attr:`claim` for replayed records: a ``dead_lettered`` row is taken over too."""
+    reused: bytes
+    """Records the duplicates whose digest differs from their row's; returns those recorded."""
     known: bytes
     """Which of the ids this consumer has recorded (read-only, outside a transaction)."""
     dead_letter: bytes
@@ -96,4 +121,6 @@ class InboxStatements:
         def render(text: str) -> bytes:
             return sql.SQL(text).format(table).as_bytes()
 
-        return cls(render(_CLAIM), render(_RECLAIM), render(_KNOWN), render(_DEAD_LETTER))
+        return cls(
+            render(_CLAIM), render(_RECLAIM), render(_REUSED), render(_KNOWN), render(_DEAD_LETTER)
+        )

@@ -9,7 +9,7 @@ connection's state the same way; only the waiting differs.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 
@@ -17,6 +17,7 @@ from kinbox.core.describe import describe, storable
 from kinbox.core.errors import ConflictError, StoreError
 from kinbox.core.event import Event
 from kinbox.core.inbox import first_occurrences
+from kinbox.core.reuse import Sighting, payload_digest
 from kinbox.core.traceparent import trace_id
 from kinbox.store.arrays import hex_array, int_array, text_array
 from kinbox.store.errors import Connection, behind, left_aborted
@@ -27,6 +28,20 @@ _PIPELINE_ABORTED = psycopg.pq.PipelineStatus.ABORTED
 
 Statement = tuple[bytes, tuple[Any, ...]]
 """A statement and its parameters."""
+
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Plan(Protocol[R_co]):
+    """Statements to run in order, each one's rows taken in, then a result (what a store runs)."""
+
+    statements: list[Statement]
+
+    def take(self, rows: Sequence[Sequence[Any]]) -> None:
+        """One statement's rows."""
+
+    def result(self) -> R_co:
+        """What the statements' rows say."""
 
 
 class ClaimPlan:
@@ -67,9 +82,6 @@ class ClaimPlan:
 
 
 def _by_partition(consumer: str, events: Sequence[Event]) -> list[tuple[Any, ...]]:
-    partitions: dict[tuple[str, int], list[Event]] = {}
-    for event in events:
-        partitions.setdefault((event.topic, event.partition), []).append(event)
     return [
         (
             consumer,
@@ -79,9 +91,57 @@ def _by_partition(consumer: str, events: Sequence[Event]) -> list[tuple[Any, ...
             int_array(e.offset for e in group),
             # Parsed here, never failing: a malformed header stores NULL.
             hex_array(trace_id(e.headers) for e in group),
+            # The one digest of each record per claim (kinbox.core.reuse).
+            int_array(payload_digest(e.value) for e in group),
         )
-        for (topic, partition), group in partitions.items()
+        for (topic, partition), group in _partitions(events).items()
     ]
+
+
+def _partitions(events: Sequence[Event]) -> dict[tuple[str, int], list[Event]]:
+    partitions: dict[tuple[str, int], list[Event]] = {}
+    for event in events:
+        partitions.setdefault((event.topic, event.partition), []).append(event)
+    return partitions
+
+
+class ReusedPlan:
+    """The statements that record which of a claim's duplicates reuse an id, one per partition."""
+
+    __slots__ = ("_events", "sightings", "statements")
+
+    def __init__(self, sql: InboxStatements, consumer: str, events: Sequence[Event]) -> None:
+        self._events = {(e.topic, e.partition, e.offset): e for e in events}
+        self.statements: list[Statement] = [
+            (
+                sql.reused,
+                (
+                    topic,
+                    partition,
+                    text_array([e.id for e in group]),
+                    int_array(e.offset for e in group),
+                    int_array(payload_digest(e.value) for e in group),
+                    consumer,
+                ),
+            )
+            for (topic, partition), group in _partitions(events).items()
+        ]
+        """What to run, in order; each returns the sightings it recorded (:meth:`take`)."""
+        self.sightings: list[Sighting] = []
+
+    def take(self, rows: Sequence[Sequence[Any]]) -> None:
+        """One statement's rows: the position of each reuse recorded, and its row's."""
+        self.sightings += [
+            Sighting(self._events[(topic, partition, offset)], *first)
+            for topic, partition, offset, *first in rows
+        ]
+
+    def result(self) -> list[Sighting]:
+        """The sightings recorded, in the order of the events given."""
+        order = {position: i for i, position in enumerate(self._events)}
+        return sorted(
+            self.sightings, key=lambda s: order[(s.event.topic, s.event.partition, s.event.offset)]
+        )
 
 
 def dead_letter(

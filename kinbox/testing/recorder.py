@@ -4,8 +4,8 @@
 PostgreSQL one, for the test client) and changes nothing it does, with two
 exceptions a test asks for:
 
-- it notes, per transaction, which records its claim found fresh and which
-  it dead-lettered, and hands that to its :class:`Ledger` only once the
+- it notes, per transaction, which records its claim found fresh, which
+  it dead-lettered and which reused an id, and hands that to its :class:`Ledger` only once the
   transaction has committed, so the test client can say what became of
   each record without reading ``processed_events`` back;
 - it can inject a fault into the transaction that claims a given record
@@ -22,7 +22,17 @@ from typing import Any, Literal, TypeVar
 from kinbox.core.errors import StoreError
 from kinbox.core.event import Event
 from kinbox.core.inbox import InboxStore, Invoke, async_store, session_opener
-from kinbox.core.steps import Call, Claim, DeadLetterRow, Program, Seen, Step, Steps, rewrite
+from kinbox.core.steps import (
+    Call,
+    CheckReused,
+    Claim,
+    DeadLetterRow,
+    Program,
+    Seen,
+    Step,
+    Steps,
+    rewrite,
+)
 
 T = TypeVar("T")
 
@@ -71,6 +81,8 @@ class Ledger:
     """Records a committed claim found fresh."""
     dead_lettered: dict[Coordinates, str] = field(default_factory=dict)
     """Records a committed transaction dead-lettered, with the reason it recorded."""
+    reused: set[Coordinates] = field(default_factory=set)
+    """Duplicates a committed transaction found reusing an id with another payload."""
 
 
 @dataclass
@@ -80,6 +92,7 @@ class _Notes:
     ids: dict[Coordinates, str] = field(default_factory=dict)
     fresh: list[Coordinates] = field(default_factory=list)
     dead_lettered: dict[Coordinates, str] = field(default_factory=dict)
+    reused: set[Coordinates] = field(default_factory=set)
     fault: Fault | None = None
 
 
@@ -134,6 +147,8 @@ class RecordingStore:
                 notes.fresh += [coordinates(e) for e in value]
             elif isinstance(step, DeadLetterRow):
                 notes.dead_lettered[coordinates(step.event)] = step.reason
+            elif isinstance(step, CheckReused):
+                notes.reused.update(coordinates(sighting.event) for sighting in value)
             return value
 
         def recording(tx: Seen) -> Steps[T]:
@@ -155,6 +170,7 @@ class RecordingStore:
         self.ledger.ids.update(notes.ids)
         self.ledger.applied.update(notes.fresh)
         self.ledger.dead_lettered.update(notes.dead_lettered)
+        self.ledger.reused.update(notes.reused)
         if notes.fault == "lost-commit":
             raise StoreError(
                 "injected: connection lost during COMMIT (the transaction did commit)",

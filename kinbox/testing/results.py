@@ -58,6 +58,9 @@ class DeliveryResult:
             try that settled the record is not among them.
         dead_letter: the record published to the dead-letter topic, with its
             ``kinbox.dlq.*`` headers.
+        reused: for a ``duplicate``, whether its payload differed from the
+            one its id was first processed with (the worker logs and counts
+            it, and records it for ``kinbox explain``).
     """
 
     record: Record
@@ -67,6 +70,7 @@ class DeliveryResult:
     error: BaseException | None = None
     retries: tuple[FailedTry, ...] = ()
     dead_letter: Record | None = None
+    reused: bool = False
 
     @property
     def applied(self) -> bool:

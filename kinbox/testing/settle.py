@@ -140,6 +140,7 @@ class Settler:
             error,
             tuple(retries.get(where, ())),
             letter,
+            where in ledger.reused,
         )
 
     def _new_backoff(self) -> Backoff:

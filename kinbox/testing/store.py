@@ -1,7 +1,8 @@
 """An in-memory :class:`~kinbox.core.inbox.InboxStore`: :class:`FakeStore` and its ``tx``.
 
 It keeps what PostgreSQL would keep in ``processed_events`` (a status and a
-reason per claimed id) and what handlers write (:attr:`FakeStore.effects`),
+reason per claimed id), the reused ids it was shown (``reused_event_ids``)
+and what handlers write (:attr:`FakeStore.effects`),
 with the transaction semantics the batch processor relies on: a transaction
 that raises forgets its claims and effects, a savepoint that raises forgets
 only its own effects, and a database error leaves the transaction aborted
@@ -23,6 +24,7 @@ from kinbox.core.describe import storable
 from kinbox.core.errors import ConflictError, StoreError
 from kinbox.core.event import Event
 from kinbox.core.inbox import drive, first_occurrences
+from kinbox.core.reuse import Sighting, payload_digest
 from kinbox.core.steps import Program
 from kinbox.store.errors import aborted_at_commit, behind, left_aborted, translate
 from kinbox.testing.awaiting import AwaitsAlone
@@ -116,6 +118,22 @@ class FakeTransaction(AwaitsAlone):
                 fresh.append(event)
         return fresh
 
+    def reused(self, events: Sequence[Event]) -> list[Sighting]:
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.reused`: recorded in ``sightings``."""
+        store = self._store
+        self._usable()
+        found = []
+        for event in events:
+            row = store.claimed.get(event.id)
+            position = (event.topic, event.partition, event.offset)
+            if row is None or (event.id, *position) in store.sightings:
+                continue
+            if payload_digest(row.value) != payload_digest(event.value):
+                sighting = Sighting(event, row.topic, row.partition, row.offset)
+                store.sightings[(event.id, *position)] = sighting
+                found.append(sighting)
+        return found
+
     def dead_letter(self, event: Event, reason: str) -> None:
         """See :meth:`~kinbox.core.inbox.InboxTransaction.dead_letter`.
 
@@ -205,8 +223,8 @@ class FakeStore:
     """An :class:`~kinbox.core.inbox.InboxStore` in memory, for one consumer.
 
     State, readable by tests: :attr:`status` and :attr:`reasons` (the
-    ``processed_events`` rows), :attr:`claimed`, :attr:`effects` (what
-    handlers appended to ``tx.effects``, committed ones only once the
+    ``processed_events`` rows), :attr:`claimed`, :attr:`sightings` (reused ids),
+    :attr:`effects` (what handlers appended to ``tx.effects``, committed ones only once the
     transaction is over), and counters (:attr:`transactions`, :attr:`commits`,
     :attr:`savepoints`, :attr:`pipelined`, :attr:`claims`, :attr:`refused_commits`).
 
@@ -245,6 +263,8 @@ class FakeStore:
         """``applied`` or ``dead_lettered`` by event id."""
         self.reasons: dict[str, str] = {}
         """The dead-letter reason by event id, as stored."""
+        self.sightings: dict[tuple[str, str, int, int], Sighting] = {}
+        """Deliveries that reused an id with another payload, by (id, topic, partition, offset)."""
         self.effects: list[Any] = []
         """What handlers wrote (``tx.effects.append``) and did not roll back."""
         self.commits = 0
@@ -291,6 +311,7 @@ class FakeStore:
     def _transaction(self) -> Iterator[FakeTransaction]:
         self.transactions += 1
         saved = dict(self.claimed), dict(self.status), dict(self.reasons), len(self.effects)
+        sightings = dict(self.sightings)
         tx = FakeTransaction(self, saved[3])
         self._before = saved[1]
         try:
@@ -302,6 +323,7 @@ class FakeStore:
             self.check_deferred(saved[3])
         except BaseException:
             self.claimed, self.status, self.reasons = saved[0], saved[1], saved[2]
+            self.sightings = sightings
             del self.effects[saved[3] :]
             raise
         finally:

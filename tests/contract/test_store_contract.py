@@ -22,15 +22,16 @@ from kinbox.core.describe import storable
 from kinbox.core.errors import StoreError
 from kinbox.core.event import Event
 from kinbox.core.inbox import InboxStore
-from kinbox.core.steps import Claim, DeadLetterRow, Guard, Seen, Steps
+from kinbox.core.reuse import Sighting
+from kinbox.core.steps import CheckReused, Claim, DeadLetterRow, Guard, Seen, Steps
 from tests.contract.store_sides import FAIL, OUTAGE, REFUSED, SWALLOWED, Row, StoreSide
 
 T = "contract-events"
 GUARDS: tuple[Guard, ...] = ("savepoint", "unguarded")
 
 
-def ev(event_id: str, offset: int = 0) -> Event:
-    return Event(id=event_id, topic=T, partition=0, offset=offset, key=None, value=b"{}")
+def ev(event_id: str, offset: int = 0, value: bytes = b"{}") -> Event:
+    return Event(id=event_id, topic=T, partition=0, offset=offset, key=None, value=value)
 
 
 def claim(store: InboxStore, *events: Event, reclaim: Sequence[str] = ()) -> list[tuple[str, int]]:
@@ -142,6 +143,43 @@ def test_a_replay_takes_over_a_dead_lettered_row_and_never_an_applied_one(
     assert inbox.row("dead") == Row("applied", None, 10)
     assert inbox.row("applied") == Row("applied", None, 1)
     assert claim(inbox.store, *replay, reclaim=["dead", "applied"]) == []
+
+
+def claimed_and_reused(store: InboxStore, *events: Event) -> list[tuple[str, int, int]]:
+    """Claim ``events``, then check the duplicates for reuse; the sightings as (id, at, first)."""
+
+    def program(_tx: Seen) -> Steps[list[Sighting]]:
+        fresh: list[Event] = yield Claim(list(events))
+        found: list[Sighting] = yield CheckReused([e for e in events if e not in fresh])
+        return found
+
+    return [(s.event.id, s.event.offset, s.first_offset) for s in store.run(program)]
+
+
+def test_a_duplicate_with_another_payload_is_a_sighting_once_per_record(inbox: StoreSide) -> None:
+    claim(inbox.store, ev("a", 0, b"1"), ev("b", 1, b"1"))
+    # Given duplicates of a and b (b's payload differs) and a repeat of c within the claim
+    again = (ev("a", 5, b"1"), ev("b", 6, b"2"), ev("c", 7, b"1"), ev("c", 8, b"3"))
+    assert claimed_and_reused(inbox.store, *again) == [("b", 6, 1), ("c", 8, 7)]
+    # Then the rows are the first deliveries', and the same records again are not new
+    assert (inbox.row("b"), inbox.row("c")) == (Row("applied", None, 1), Row("applied", None, 7))
+    assert claimed_and_reused(inbox.store, *again) == []
+    # Another record reusing b is new
+    assert claimed_and_reused(inbox.store, ev("b", 9, b"3")) == [("b", 9, 1)]
+    assert claimed_and_reused(inbox.other_consumer(), ev("b", 9, b"3")) == []  # fresh there
+
+
+def test_a_rolled_back_sighting_is_forgotten(inbox: StoreSide) -> None:
+    claim(inbox.store, ev("a", 0, b"1"))
+
+    def program() -> Steps[None]:
+        yield Claim([ev("a", 3, b"2")])
+        assert len((yield CheckReused([ev("a", 3, b"2")]))) == 1
+        raise RuntimeError("the batch failed")
+
+    with pytest.raises(RuntimeError):
+        run(inbox.store, program)
+    assert claimed_and_reused(inbox.store, ev("a", 3, b"2")) == [("a", 3, 0)]
 
 
 REASONS = {

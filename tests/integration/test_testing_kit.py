@@ -49,6 +49,21 @@ def effects(client: InboxTestClient) -> list[tuple[Any, ...]]:
     return client.execute("SELECT event_id, value FROM effects ORDER BY event_id, value")
 
 
+def test_an_id_reused_with_another_payload_is_a_reported_duplicate(inbox_client: Client) -> None:
+    client = inbox_client(recording_app())
+    client.execute(TABLE)
+
+    first = client.deliver("t", {"value": "a"}, id="e1")
+    same = client.redeliver(first, new_offset=True)
+    other = client.deliver("t", {"value": "b"}, id="e1")
+
+    assert (first.status, same.status, other.status) == ("applied", "duplicate", "duplicate")
+    assert (first.reused, same.reused, other.reused) == (False, False, True)
+    assert effects(client) == [("e1", "a")]
+    rows = client.execute('SELECT event_id, "offset", first_offset FROM reused_event_ids')
+    assert rows == [("e1", other.record.offset, first.record.offset)]
+
+
 def test_a_redelivery_and_a_republished_duplicate_are_suppressed(inbox_client: Client) -> None:
     client = inbox_client(recording_app())
     client.execute(TABLE)
@@ -77,6 +92,7 @@ def test_a_batch_claims_the_first_of_an_id_and_drops_the_repeat(inbox_client: Cl
 
     assert [r.status for r in results] == ["applied", "duplicate", "applied"]
     assert [r.record.offset for r in results] == [0, 1, 2]
+    assert [r.reused for r in results] == [False, True, False]  # y is not x
     assert effects(client) == [("e1", "x"), ("e2", "z")]
 
 

@@ -311,3 +311,18 @@ def test_without_an_sdk_nothing_is_made_and_the_handler_is_called_through() -> N
 
     run(app, traced(0, "e1"))
     assert calls == [("e1", False)]
+
+
+def test_a_reused_id_is_counted_apart_from_its_plain_duplicates() -> None:
+    telemetry = sdk()
+    app = each_app(telemetry)
+    run(
+        app,
+        record(T, 0, 0, "a", value=b'{"n": 1}'),
+        record(T, 0, 1, "a", value=b'{"n": 2}'),  # the id again, another payload
+        record(T, 0, 2, "a", value=b'{"n": 1}'),  # the id again, the same payload
+    )
+    [reused] = telemetry.points("kinbox.events.reused_id")
+    assert reused.value == 1 and dict(reused.attributes) == {"topic": T}
+    [duplicates] = telemetry.points("kinbox.events.duplicate")
+    assert duplicates.value == 2

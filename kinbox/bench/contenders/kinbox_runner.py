@@ -23,7 +23,7 @@ from kinbox.bench.spec import ChildSpec
 from kinbox.core.config import Settings
 from kinbox.core.event import Event
 from kinbox.core.inbox import InboxStore
-from kinbox.core.steps import Claim, DeadLetterRow, Program, Step, Steps, rewrite
+from kinbox.core.steps import CheckReused, Claim, DeadLetterRow, Program, Step, Steps, rewrite
 
 
 def app(spec: ChildSpec, *, batch: bool, awaits: bool = False) -> App:
@@ -141,6 +141,8 @@ def _no_claim(step: Step) -> Steps[Any]:
         return list(step.events)
     if isinstance(step, DeadLetterRow):
         return None  # nothing is recorded: without an inbox there is nowhere to say so
+    if isinstance(step, CheckReused):
+        return []  # every event was fresh: no duplicate to compare
     return (yield step)
 
 

@@ -94,6 +94,10 @@ APPLIED_EVENTS: Instrument = ("kinbox.events.applied", "{event}", "Handlers comm
 DUPLICATE_EVENTS: Instrument = (
     "kinbox.events.duplicate", "{event}", "Deliveries the inbox suppressed (already processed)",
 )  # fmt: skip
+REUSED_IDS: Instrument = (
+    "kinbox.events.reused_id", "{event}",
+    "Duplicates whose payload differs from the one their id was first processed with (not applied)",
+)  # fmt: skip
 DEAD_LETTERED_EVENTS: Instrument = (
     "kinbox.events.dead_lettered", "{event}", "Records sent to a dead-letter topic and recorded so",
 )  # fmt: skip

@@ -1,0 +1,54 @@
+"""Reused event ids: a duplicate whose payload differs from its id's first one.
+
+The claim keeps a digest of each record's raw value (the bytes before any
+deserializer) beside its id. A later delivery of the id is a duplicate, and
+is never applied; but when its digest differs, it is a different event under
+a reused id (a producer's bug, two producers sharing ids), which the worker
+reports (:class:`Sighting`) instead of dropping it silently.
+
+The digest is 64 bits of BLAKE2b, stored as a PostgreSQL ``bigint``: cheap
+to compute and to compare, and two different payloads share one only by a
+chance of 2**-64, which would merely leave one reuse unreported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from hashlib import blake2b
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kinbox.core.event import Event
+
+
+def payload_digest(value: bytes) -> int:
+    """The digest of a record's raw ``value``: a signed 64-bit integer (a ``bigint``)."""
+    return int.from_bytes(blake2b(value, digest_size=8).digest(), "big", signed=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Sighting:
+    """A delivery of an id already claimed with a different payload: not applied, reported.
+
+    Attributes:
+        event: the delivery (its position is where the id came again).
+        first_topic: the topic of the record that claimed the id's row.
+        first_partition: its partition.
+        first_offset: its offset.
+    """
+
+    event: Event
+    first_topic: str
+    first_partition: int
+    first_offset: int
+
+    @property
+    def first(self) -> str:
+        """The first position as ``topic[partition]@offset``."""
+        return f"{self.first_topic}[{self.first_partition}]@{self.first_offset}"
+
+    @property
+    def again(self) -> str:
+        """The new delivery's position as ``topic[partition]@offset``."""
+        e = self.event
+        return f"{e.topic}[{e.partition}]@{e.offset}"
