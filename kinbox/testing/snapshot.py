@@ -15,9 +15,10 @@ values legitimately differ between two correct runs:
   (``now()``, a random uuid, ``clock_timestamp()``...): found by running the
   clean delivery twice.
 
-kinbox's own ``schema_version`` is ignored and ``processed_events`` is
-compared on ``(event_id, status)`` only (the offsets and times in it differ
-when duplicates are delivered).
+kinbox's own ``schema_version`` and ``reused_event_ids`` are ignored (the
+latter records positions, which differ from run to run) and
+``processed_events`` is compared on ``(event_id, status)`` only (the offsets
+and times in it differ when duplicates are delivered).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from kinbox.core.errors import ConfigurationError
 
 INBOX_TABLE = "processed_events"
 """kinbox's bookkeeping, compared on ``(event_id, status)``."""
-SKIPPED = frozenset({"schema_version"})
+SKIPPED = frozenset({"schema_version", "reused_event_ids"})
 """kinbox's tables that are never compared."""
 
 Row = tuple[str | None, ...]

@@ -92,7 +92,11 @@ def test_crash_between_dead_letter_flush_and_commit(run: Run, point: str) -> Non
     outcome = run.finish()
     copies = Counter(dead_letter_id(letter) for letter in outcome.dead_letters)
     assert set(copies) == poison, sorted(poison - set(copies))
-    assert {i for i, n in copies.items() if n == 2} == flushed, copies
+    assert all(copies[i] >= 2 for i in flushed), copies
+    # (an id sent twice may also be given up once from each of its records)
+    assert run.produced is not None
+    repeated = {i for i, n in Counter(run.produced.records.values()).items() if n > 1}
+    assert {i for i, n in copies.items() if n >= 2} <= flushed | repeated, copies
     _replay_applies_once(run, dlq, poison)
 
 
