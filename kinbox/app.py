@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from kinbox.apply.kinds import kind_for
-from kinbox.apply.route import Route
+from kinbox.apply.route import Ordering, Route
 from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError
 from kinbox.core.names import topic_name
@@ -113,6 +113,11 @@ class App:
         return dict(self._routes)
 
     @property
+    def key_connections(self) -> int:
+        """Database connections the key-ordered routes use at most, beside the batches'."""
+        return sum(r.concurrency for r in self._routes.values() if r.ordering == "key")
+
+    @property
     def topics(self) -> list[str]:
         """Registered topics, sorted."""
         return sorted(self._routes)
@@ -125,6 +130,8 @@ class App:
         max_attempts: int | None = None,
         dead_letter_topic: str | None = None,
         value_deserializer: Deserializer | None = None,
+        ordering: Ordering = "partition",
+        concurrency: int | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function for ``topic``; return it unchanged.
 
@@ -153,10 +160,21 @@ class App:
                 event with reason ``payload``) or a confluent-kafka
                 ``Deserializer`` (Schema Registry's Avro, Protobuf, JSON
                 Schema). Default: the App's ``value_deserializer``.
+            ordering: ``"partition"`` (default): a partition's records are
+                applied one after the other. ``"key"``: each partition batch
+                is split by record key, and the keys are applied side by
+                side, each key's records in offset order, each key in a
+                transaction of its own; records without a key keep partition
+                order among themselves. A batch handler then gets one key's
+                fresh events at a time (:mod:`kinbox.apply.keyed`).
+            concurrency: with ``ordering="key"``, how many keys are applied
+                at once (1..256, default 16), each on a database connection
+                of its own.
 
         Raises:
             ConfigurationError: illegal topic name, topic already registered,
-                bad ``max_attempts`` or dead-letter topic, a parameter kinbox
+                bad ``max_attempts``, ``ordering`` or ``concurrency``, or
+                dead-letter topic, a parameter kinbox
                 cannot fill or a payload type it cannot decode into, or the
                 decorated object is not callable.
         """
@@ -167,6 +185,7 @@ class App:
             raise ConfigurationError(
                 f"@handler({topic!r}, max_attempts={max_attempts!r}) is not allowed: use 1..1000"
             )
+        width = _concurrency(topic, ordering, concurrency)
         dlq = dead_letter_topic or f"{topic}.dlq"
         topic_name(dlq, setting=f"dead-letter topic of {topic!r}")
         if dlq == topic:
@@ -185,7 +204,7 @@ class App:
                 default_deserializer=self._value_deserializer,
             )
             kind = kind_for(prepared, batch=batch)
-            route = Route(topic, fn, kind, max_attempts, dead_letter_topic)
+            route = Route(topic, fn, kind, max_attempts, dead_letter_topic, ordering, width)
             existing = self._routes.get(topic)
             if existing is not None:
                 raise ConfigurationError(
@@ -207,6 +226,37 @@ class App:
         return f"App(group_id={self._defaults.get('group_id')!r}, topics={self.topics!r})"
 
 
+KEY_CONCURRENCY = 16
+"""Keys applied at once by a key-ordered handler that does not say."""
+
+
+def _concurrency(topic: str, ordering: object, concurrency: object) -> int:
+    """The units a route applies at once, checked against its ``ordering``."""
+    where = f"@handler({topic!r}"
+    if ordering not in ("partition", "key"):
+        raise ConfigurationError(
+            f"{where}, ordering={ordering!r}) is not allowed: use 'partition' or 'key'"
+        )
+    if ordering == "partition":
+        if concurrency is not None:
+            raise ConfigurationError(
+                f"{where}, concurrency={concurrency!r}) needs ordering='key': "
+                "a partition's records are applied one after the other"
+            )
+        return 1
+    if concurrency is None:
+        return KEY_CONCURRENCY
+    if (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= 256
+    ):
+        raise ConfigurationError(
+            f"{where}, concurrency={concurrency!r}) is not allowed: use 1..256"
+        )
+    return concurrency
+
+
 default_app = App()
 """The app the bare :func:`handler` decorator registers on."""
 
@@ -218,6 +268,8 @@ def handler(
     max_attempts: int | None = None,
     dead_letter_topic: str | None = None,
     value_deserializer: Deserializer | None = None,
+    ordering: Ordering = "partition",
+    concurrency: int | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function for ``topic`` on :data:`default_app`.
 
@@ -229,4 +281,6 @@ def handler(
         max_attempts=max_attempts,
         dead_letter_topic=dead_letter_topic,
         value_deserializer=value_deserializer,
+        ordering=ordering,
+        concurrency=concurrency,
     )

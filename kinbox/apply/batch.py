@@ -95,6 +95,7 @@ from kinbox.apply import deadletter
 from kinbox.apply.control import Conflicted
 from kinbox.apply.dispatch import Dispatcher
 from kinbox.apply.envelope import derived_event, to_event
+from kinbox.apply.keyed import KeyOrder
 from kinbox.apply.narrow import Plan, Refused, Settlement, Tally, Undeliverable, Unsent
 from kinbox.apply.route import Route
 from kinbox.apply.skim import NOTHING, Skim, look_up
@@ -188,6 +189,12 @@ class BatchProcessor:
         # dead letters share one publisher, which is not thread-safe: one
         # batch at a time sends and waits for the acknowledgements.
         self._sending = threading.Lock()
+        # Key-ordered routes apply each batch as units, one per key, side by side.
+        self._keyed = {
+            topic: KeyOrder(topic, route.concurrency, self._in_order)
+            for topic, route in self._routes.items()
+            if route.ordering == "key"
+        }
 
     def process(
         self, records: Sequence[Record], attempt: int = 1, *, skim: bool = False
@@ -198,7 +205,9 @@ class BatchProcessor:
         (each transaction takes its own connection from the store). Records
         beyond ``batch_size`` are applied as further batches, one after the
         other, each in its own transaction and between its own middleware
-        hooks, until one stops; the result covers them all.
+        hooks, until one stops; the result covers them all. A key-ordered
+        route's records are applied a unit per key, side by side
+        (:mod:`kinbox.apply.keyed`).
 
         Args:
             records: consecutive records of one partition.
@@ -212,6 +221,18 @@ class BatchProcessor:
             Exception: what a middleware's ``before_batch`` raised (or a bug);
                 every ``after_batch`` whose ``before_batch`` ran has been told.
         """
+        keyed = self._keyed.get(records[0].topic) if records else None
+        if keyed is not None:
+            return keyed.process(records, attempt, skim)
+        return self._in_order(records, attempt, skim)
+
+    def close(self) -> None:
+        """Let go of the threads of key-ordered routes (idle ones end at once)."""
+        for keyed in self._keyed.values():
+            keyed.close()
+
+    def _in_order(self, records: Sequence[Record], attempt: int, skim: bool) -> BatchResult:
+        """:meth:`process` in partition order: batch after batch, until one stops."""
         events, invalid, stop = self._events(records, attempt)
         looked = look_up(self._store, events) if skim and events else NOTHING
         result = BatchResult(None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from kinbox.core.event import Event
 
@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from kinbox.core.inbox import InboxStore
     from kinbox.core.steps import Seen, Steps
     from kinbox.core.transport import ValueReader
+
+Ordering = Literal["partition", "key"]
+"""What a route keeps in order: a partition's records, or each key's."""
 
 EventHandler = Callable[[Event, Any], object]
 """``handler(event, tx)``: ``tx`` is the psycopg ``Connection`` (an ``AsyncConnection`` for
@@ -135,6 +138,11 @@ class Route:
     """Tries before a failing event is dead-lettered; ``None``: the ``max_attempts`` setting."""
     dead_letter_topic: str | None = None
     """Where this topic's dead letters go; ``None``: ``<topic>.dlq``."""
+    ordering: Ordering = "partition"
+    """``partition``: a partition's records one after the other; ``key``: one
+    key's records in order, different keys' side by side (:mod:`kinbox.apply.keyed`)."""
+    concurrency: int = 1
+    """Units of this route applied at once, in key order (one connection each)."""
 
     def bound(self, store: InboxStore, value_reader: ValueReader | None) -> Route:
         """The route with what its handler needs of the drivers (:meth:`HandlerKind.bound`)."""

@@ -135,7 +135,7 @@ class Runner:
         self._lag = lag
         if value_reader is None and isinstance(transport, ValueReading):
             value_reader = transport.value_reader
-        processor = BatchProcessor(
+        processor = self._processor = BatchProcessor(
             app.routes,
             store,
             settings.id_headers,
@@ -293,6 +293,7 @@ class Runner:
                 self._flow.advance(tp, future.result())
         left = self._inflight.unfinished()
         self._inflight.shutdown()
+        self._processor.close()
         if not self._broken:  # a fatally broken consumer refuses every commit
             try:
                 self._offsets.commit_now()

@@ -188,7 +188,9 @@ def run(app: App, settings: Settings) -> None:
         settings.database_url,
         schema=settings.schema,
         consumer=settings.group_id,
-        pool_size=settings.pool_size,
+        # A key-ordered route applies its keys side by side, each on a
+        # connection of its own, beside the partition batches' connections.
+        pool_size=settings.pool_size + app.key_connections,
     )
     publisher: KafkaPublisher | None = None
     try:
