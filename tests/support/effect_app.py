@@ -12,6 +12,10 @@ Behaviour, by environment variable:
     ``async def`` handler on its ``AsyncConnection`` (the fault suite's
     async app).
 
+``FAULT_KEY_CONCURRENCY``
+    above 0: the handler is registered in key order (``ordering="key"``),
+    applying that many keys at once.
+
 ``FAULT_SLEEP``
     seconds the handler sleeps per event *inside* the transaction (stretches
     batches so a signal or a fault lands mid-batch).
@@ -109,6 +113,7 @@ KILL_LOOP_IDS = frozenset(filter(None, os.environ.get("FAULT_KILL_LOOP_IDS", "")
 HOOK_FAIL_IDS = frozenset(filter(None, os.environ.get("FAULT_HOOK_FAIL_IDS", "").split(",")))
 STOP_HOLDS_GIL = bool(os.environ.get("FAULT_STOP_HOLDS_GIL"))
 HANDLER = os.environ.get("FAULT_HANDLER", "sync")
+KEY_CONCURRENCY = int(os.environ.get("FAULT_KEY_CONCURRENCY") or "0")
 
 VALUES_DDL = (
     "CREATE TABLE {0}.{1} (event_id text, short varchar(8), n integer, note text, big text,"
@@ -193,7 +198,11 @@ async def apply_effect_async(event: Event, tx: AsyncConnection[Any]) -> None:
         await tx.execute(statement, params)
 
 
-app.handler(TOPIC)(apply_effect_async if HANDLER == "async" else apply_effect)
+_handler = apply_effect_async if HANDLER == "async" else apply_effect
+if KEY_CONCURRENCY:
+    app.handler(TOPIC, ordering="key", concurrency=KEY_CONCURRENCY)(_handler)
+else:
+    app.handler(TOPIC)(_handler)
 
 
 def _log_call(event: Event) -> None:

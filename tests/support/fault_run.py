@@ -51,11 +51,14 @@ class Run:
     dead_letter_copies: int = 1
     """Most copies of one dead letter the topic may hold (2 where a crash repeats a flush)."""
 
-    def produce(self, count: int | None = None, duplicates: int = 0) -> Produced:
-        """Write this round's events (ids ``<group>-ev-<n>``), ``duplicates`` repeats mixed in."""
+    def produce(self, count: int | None = None, duplicates: int = 0, keys: int = 0) -> Produced:
+        """Write this round's events (ids ``<group>-ev-<n>``), ``duplicates`` repeats mixed in.
+
+        ``keys``: above 0, the records are keyed over that many keys (``k<n % keys>``).
+        """
         self.produced = produce(
             self.bootstrap, self.topic, self.events if count is None else count, self.partitions,
-            prefix=f"{self.group}-ev", duplicates=duplicates, rng=self.rng,
+            prefix=f"{self.group}-ev", duplicates=duplicates, rng=self.rng, keys=keys,
         )  # fmt: skip
         return self.produced
 

@@ -17,7 +17,7 @@ import psycopg
 from confluent_kafka import KafkaException
 from psycopg import sql
 
-from tests.support.records import Produced, Read, committed, dead_letter_id, read_topic
+from tests.support.records import Produced, Read, committed, dead_letter_id, key_of, read_topic
 from tests.support.workers import WorkerFactory, read_deliveries
 
 
@@ -156,8 +156,10 @@ class OffsetSampler:
         return found
 
 
-def order_violations(database_url: str, schema: str, table: str = "effects") -> list[str]:
-    """Invariant 3: per partition, effects committed in offset order.
+def order_violations(
+    database_url: str, schema: str, table: str = "effects", keys: int = 0
+) -> list[str]:
+    """Invariant 3: per partition (per key of a partition, given ``keys``), effects in offset order.
 
     The effect table's ``seq`` is the order handlers inserted in; a handler
     runs only after its claim, which waits for any other transaction holding
@@ -171,18 +173,19 @@ def order_violations(database_url: str, schema: str, table: str = "effects") -> 
             )
         ).fetchall()
     seen: set[str] = set()
-    last: dict[int, int] = {}
+    last: dict[tuple[int, str], int] = {}
     found = []
     for partition, offset, event_id in rows:
         if event_id in seen:
             continue
         seen.add(event_id)
-        if offset <= last.get(partition, -1):
+        where = (partition, key_of(event_id, keys) if keys else "")
+        if offset <= last.get(where, -1):
             found.append(
-                f"partition {partition}: offset {offset} ({event_id!r}) applied after offset "
-                f"{last[partition]}"
+                f"partition {partition}{f' key {where[1]}' if keys else ''}: offset {offset} "
+                f"({event_id!r}) applied after offset {last[where]}"
             )
-        last[partition] = max(last.get(partition, -1), offset)
+        last[where] = max(last.get(where, -1), offset)
     return found
 
 
@@ -242,7 +245,7 @@ def check_invariants(
         offsets=offsets,
         dead_letters=letters,
         dead_ids=dead,
-        out_of_order=order_violations(factory.database_url, factory.schema, table),
+        out_of_order=order_violations(factory.database_url, factory.schema, table, produced.keys),
     )
 
 

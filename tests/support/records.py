@@ -30,6 +30,8 @@ class Produced:
     partitions: int
     records: dict[tuple[int, int], str]
     """(partition, offset) -> event id."""
+    keys: int = 0
+    """Above 0: event ``<prefix>-<n>``'s record has key ``k<n % keys>`` (:func:`key_of`)."""
     ends: dict[int, int] | None = None
     """The partitions' log end offsets, where they lie past the last record +1
     (a transaction's commit marker takes an offset); by default from ``records``."""
@@ -52,6 +54,11 @@ class Produced:
 Headers = list[tuple[str, bytes | None]]
 
 
+def key_of(event_id: str, keys: int) -> str:
+    """The record key of event ``<prefix>-<n>`` among ``keys`` keys: ``k<n % keys>``."""
+    return f"k{int(event_id.rsplit('-', 1)[1]) % keys}"
+
+
 def produce(
     bootstrap: str,
     topic: str,
@@ -61,12 +68,13 @@ def produce(
     prefix: str,
     duplicates: int = 0,
     rng: random.Random | None = None,
+    keys: int = 0,
 ) -> Produced:
     """Write ``count`` events ``<prefix>-<n>`` round-robin over ``partitions``.
 
     ``duplicates`` extra records repeat random earlier ids (the same ``event-id``
     header at a later offset, possibly on another partition): the inbox must
-    suppress them.
+    suppress them. ``keys``: above 0, each record is keyed (:func:`key_of`).
     """
     rng = rng or random.Random(0)
     plan = [(f"{prefix}-{n}", n % partitions) for n in range(count)]
@@ -76,7 +84,10 @@ def produce(
     items: list[tuple[int, Headers, str | None]] = [
         (partition, [("event-id", event_id.encode())], event_id) for event_id, partition in plan
     ]
-    return produce_plan(bootstrap, topic, partitions, items)
+    if not keys:
+        return produce_plan(bootstrap, topic, partitions, items)
+    written = write_records(bootstrap, topic, items, keys)
+    return Produced(topic, partitions, written, keys)
 
 
 def produce_plan(
@@ -92,9 +103,11 @@ def produce_plan(
 
 
 def write_records(
-    bootstrap: str, topic: str, items: Sequence[tuple[int, Headers, str | None]]
+    bootstrap: str, topic: str, items: Sequence[tuple[int, Headers, str | None]], keys: int = 0
 ) -> dict[tuple[int, int], str]:
     """Write ``items`` as :func:`produce_plan` does; return ``(partition, offset) -> id``.
+
+    ``keys``: above 0, each record with an id is keyed (:func:`key_of`).
 
     The one producer of the tests that need each record's place: an idempotent
     producer, so a retried send never writes a record twice, with a delivery
@@ -120,6 +133,7 @@ def write_records(
             topic,
             value=b'{"n": 1}',
             partition=partition,
+            key=key_of(event_id, keys) if keys and event_id else None,
             headers=cast("list[tuple[str, str | bytes | None]]", headers),
             on_delivery=functools.partial(delivered, event_id),
         )

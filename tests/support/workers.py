@@ -147,6 +147,9 @@ class WorkerFactory:
     started: list[Worker] = field(default_factory=list)
     handler: str = "sync"
     """``sync`` or ``async``: which handler of the app every worker runs (``FAULT_HANDLER``)."""
+    concurrency: int = 0
+    """Keys every worker's handler applies at once, in key order; 0: partition order
+    (``FAULT_KEY_CONCURRENCY``)."""
     app: str = APP
     """The ``module:attribute`` of the app the workers run."""
 
@@ -179,6 +182,7 @@ class WorkerFactory:
             "FAULT_TOPIC": self.topic,
             "FAULT_LOG_DIR": str(self.log_dir),
             "FAULT_HANDLER": self.handler,
+            "FAULT_KEY_CONCURRENCY": str(self.concurrency),
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
