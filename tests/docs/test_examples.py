@@ -94,6 +94,32 @@ def test_the_batch_handler_writes_a_partition_batch_with_one_statement(
     assert client.execute("SELECT count(*) FROM lesson_progress") == [(5,)]
 
 
+def test_the_key_ordered_handler_keeps_each_skus_orders_in_order(inbox_client: Client) -> None:
+    client = inbox_client(app_of("handlers.key_order"))
+    client.execute("CREATE TABLE stock (sku text PRIMARY KEY, reserved int NOT NULL DEFAULT 0)")
+    client.execute("INSERT INTO stock (sku) VALUES ('s1'), ('s2'), ('s3')")
+    client.execute("CREATE TABLE reservations (seq serial, sku text, order_id text)")
+    orders = [(f"o{n}", f"s{n % 3 + 1}") for n in range(12)]
+    messages = [
+        Message("orders", {"id": o, "sku": sku, "qty": 1}, key=sku, partition=0)
+        for o, sku in orders
+    ]
+
+    results = client.deliver_batch([*messages, messages[0]])  # one order delivered twice
+
+    assert [r.status for r in results].count("applied") == 12
+    assert client.execute("SELECT sku, reserved FROM stock ORDER BY sku") == [
+        ("s1", 4),
+        ("s2", 4),
+        ("s3", 4),
+    ]
+    for sku in ("s1", "s2", "s3"):
+        applied = client.execute(
+            "SELECT order_id FROM reservations WHERE sku = %s ORDER BY seq", (sku,)
+        )
+        assert [row[0] for row in applied] == [o for o, s in orders if s == sku]
+
+
 def test_the_schema_registry_handler_registers_with_its_deserializer() -> None:
     app = app_of("handlers.schema_registry")
 

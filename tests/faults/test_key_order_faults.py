@@ -17,6 +17,7 @@ import signal
 from tests.support.fault_run import Run
 from tests.support.invariants import order_violations
 from tests.support.scenario import scenario
+from tests.support.workers import HANDLERS
 
 KEYS = 12
 """Keys the records are spread over: several units in every batch."""
@@ -60,9 +61,11 @@ def test_key_order_crash_with_units_in_flight(run: Run, point: str) -> None:
 
 
 @scenario(
-    "29b", "key order: member joins with units in flight", fault="rebalance, 8 keys in flight",
+    "29b", "key order: member joins with units in flight ({case})",
+    fault="rebalance, 8 keys in flight", cases=HANDLERS,
 )  # fmt: skip
-def test_key_order_rebalance_with_units_in_flight(run: Run) -> None:
+def test_key_order_rebalance_with_units_in_flight(run: Run, handler: str) -> None:
+    run.factory.handler = handler
     _keyed(run)
     env = {"FAULT_SLEEP": "0.01"}
     with run.sampling(monotonic=True):
