@@ -132,6 +132,7 @@ class App:
         value_deserializer: Deserializer | None = None,
         ordering: Ordering = "partition",
         concurrency: int | None = None,
+        park_keys: bool = False,
     ) -> Callable[[F], F]:
         """Register the decorated function for ``topic``; return it unchanged.
 
@@ -170,6 +171,12 @@ class App:
             concurrency: with ``ordering="key"``, how many keys are applied
                 at once (1..256, default 16), each on a database connection
                 of its own.
+            park_keys: once an event is dead-lettered, the later events of
+                its record key are parked (kept in the database, not applied)
+                until an operator replays or discards it (``kinbox dlq
+                release`` / ``discard``), so a key's events are never applied
+                out of order. Records without a key are never parked.
+                Needs ``kinbox migrate``.
 
         Raises:
             ConfigurationError: illegal topic name, topic already registered,
@@ -186,6 +193,10 @@ class App:
                 f"@handler({topic!r}, max_attempts={max_attempts!r}) is not allowed: use 1..1000"
             )
         width = _concurrency(topic, ordering, concurrency)
+        if not isinstance(park_keys, bool):
+            raise ConfigurationError(
+                f"@handler({topic!r}, park_keys={park_keys!r}): use True or False"
+            )
         dlq = dead_letter_topic or f"{topic}.dlq"
         topic_name(dlq, setting=f"dead-letter topic of {topic!r}")
         if dlq == topic:
@@ -204,7 +215,9 @@ class App:
                 default_deserializer=self._value_deserializer,
             )
             kind = kind_for(prepared, batch=batch)
-            route = Route(topic, fn, kind, max_attempts, dead_letter_topic, ordering, width)
+            route = Route(
+                topic, fn, kind, max_attempts, dead_letter_topic, ordering, width, park_keys
+            )
             existing = self._routes.get(topic)
             if existing is not None:
                 raise ConfigurationError(
@@ -270,6 +283,7 @@ def handler(
     value_deserializer: Deserializer | None = None,
     ordering: Ordering = "partition",
     concurrency: int | None = None,
+    park_keys: bool = False,
 ) -> Callable[[F], F]:
     """Register the decorated function for ``topic`` on :data:`default_app`.
 
@@ -283,4 +297,5 @@ def handler(
         value_deserializer=value_deserializer,
         ordering=ordering,
         concurrency=concurrency,
+        park_keys=park_keys,
     )

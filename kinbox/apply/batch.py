@@ -97,6 +97,7 @@ from kinbox.apply.dispatch import Dispatcher
 from kinbox.apply.envelope import derived_event, to_event
 from kinbox.apply.keyed import KeyOrder
 from kinbox.apply.narrow import Plan, Refused, Settlement, Tally, Undeliverable, Unsent
+from kinbox.apply.parking import Blocks, keys_of, park_step, sort_out
 from kinbox.apply.route import Route
 from kinbox.apply.skim import NOTHING, Skim, look_up
 from kinbox.core.errors import ConflictError, EnvelopeError, StoreError, TransportError
@@ -105,10 +106,20 @@ from kinbox.core.failpoints import failpoint
 from kinbox.core.inbox import InboxStore
 from kinbox.core.letter import INVALID_ID, Letter, is_replay
 from kinbox.core.outcome import BatchResult, Failure, Step
+from kinbox.core.parking import KeyState
 from kinbox.core.publisher import OutgoingRecord, Publisher, Sending, deliver
 from kinbox.core.record import Record
 from kinbox.core.reuse import Sighting
-from kinbox.core.steps import CheckDeferred, CheckReused, Claim, DeadLetterRow, Seen, Steps
+from kinbox.core.steps import (
+    CheckDeferred,
+    CheckReused,
+    Claim,
+    DeadLetterRow,
+    Park,
+    ParkingState,
+    Seen,
+    Steps,
+)
 from kinbox.core.transport import ValueReader
 from kinbox.middleware.base import Chain, Middleware
 
@@ -407,17 +418,26 @@ class BatchProcessor:
         if len(fresh) < len(events):  # only duplicates can reuse an id: a clean batch pays nothing
             done.reused = yield from self._reused(events, fresh)
         letters = done.letters
+        candidates, sorted_, states, blocks = fresh, None, {}, None
+        if route.park_keys:
+            states = yield from self._parking_state(route, fresh)
+            sorted_ = sort_out(fresh, states)
+            candidates, blocks = sorted_.runnable, Blocks()
         runnable = []
-        for event in fresh:
+        for event in candidates:
             error = plan.invalid.get(event.offset)
             if error is None:
                 runnable.append(event)
             else:
                 letters.append(self._dispatcher.letter(route, records, event, INVALID_ID, error))
+                if blocks is not None:
+                    blocks.dead_lettered(event)
         letters += yield from self._dispatcher.run(
             tx, route, records, runnable, plan.verdicts,
-            pipelined=plan.pipelined, retry_conflict=plan.retries_conflict,
+            pipelined=plan.pipelined, retry_conflict=plan.retries_conflict, blocks=blocks,
         )  # fmt: skip
+        if sorted_ is not None and blocks is not None:
+            yield from self._park(park_step(route.topic, sorted_, blocks, states))
         if letters:
             letters.sort(key=lambda item: item.record.offset)
             yield from self._record(fresh, letters, plan)
@@ -500,6 +520,30 @@ class BatchProcessor:
                 raise
             raise Refused("claim", exc) from exc  # the claim's bookkeeping: narrowed down alike
         return sightings
+
+    def _parking_state(self, route: Route, fresh: list[Event]) -> Steps[dict[bytes, KeyState]]:
+        """Which keys of ``fresh`` are blocked (:mod:`kinbox.apply.parking`)."""
+        keys = keys_of(fresh)
+        if not keys:
+            return {}
+        try:
+            states: dict[bytes, KeyState] = yield ParkingState(route.topic, keys)
+        except StoreError as exc:
+            if exc.transient:
+                raise
+            raise Refused("claim", exc) from exc  # the claim's bookkeeping: narrowed down alike
+        return states
+
+    def _park(self, step: Park | None) -> Steps[None]:
+        """Record the transaction's parking, if there is any."""
+        if step is None:
+            return
+        try:
+            yield step
+        except StoreError as exc:
+            if exc.transient:
+                raise
+            raise Refused("commit", exc) from exc  # pinned on an event like a refused COMMIT
 
     def _report(self, sighting: Sighting) -> None:
         """Say that ``sighting``'s event reused an id with another payload, and was not applied."""

@@ -10,8 +10,8 @@ records the letter;
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from kinbox.core.letter import PREFIX, Letter, header, headers, replay_headers
 from kinbox.core.publisher import OutgoingRecord, Publisher, deliver
@@ -49,6 +49,8 @@ class ReplayReport:
     replayed: int = 0
     skipped: int = 0
     lines: list[str] | None = None
+    events: list[tuple[str, str]] = field(default_factory=list)
+    """``(consumer group, event id)`` of each dead letter replayed whose id header was found."""
 
 
 def replay(
@@ -57,6 +59,7 @@ def replay(
     *,
     filter_reason: str | None = None,
     limit: int | None = None,
+    id_headers: Sequence[str] = ("event-id", "ce_id"),
 ) -> ReplayReport:
     """Re-publish dead letters to their original topics; ``publisher=None`` is a dry run.
 
@@ -67,7 +70,7 @@ def replay(
         TransportError: a record could not be published (some may have been).
     """
     report = ReplayReport(lines=[])
-    replays = _replays(records, report, filter_reason, limit)
+    replays = _replays(records, report, filter_reason, limit, id_headers)
     if publisher is None:
         for _ in replays:
             pass
@@ -77,7 +80,11 @@ def replay(
 
 
 def _replays(
-    records: Iterable[Record], report: ReplayReport, filter_reason: str | None, limit: int | None
+    records: Iterable[Record],
+    report: ReplayReport,
+    filter_reason: str | None,
+    limit: int | None,
+    id_headers: Sequence[str],
 ) -> Iterator[OutgoingRecord]:
     """The replay of each dead letter ``records`` hold, noted in ``report`` as it is made."""
     for record in records:
@@ -96,4 +103,8 @@ def _replays(
             f"(from {origin}[{header(record, PREFIX + 'partition')}]"
             f"@{header(record, PREFIX + 'offset')}, reason {reason!r})"
         )
+        group = header(record, PREFIX + "consumer")
+        event_id = next((v for h in id_headers if (v := header(record, h)) is not None), None)
+        if group is not None and event_id is not None:
+            report.events.append((group, event_id))
         yield OutgoingRecord(origin, record.key, record.value, replay_headers(record))

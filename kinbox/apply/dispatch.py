@@ -59,6 +59,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from kinbox.apply.control import Conflicted
+from kinbox.apply.parking import Blocks
 from kinbox.apply.route import Route
 from kinbox.core import cause
 from kinbox.core.describe import text
@@ -104,6 +105,7 @@ class Dispatcher:
         *,
         pipelined: bool = False,
         retry_conflict: Callable[[Event], bool] = lambda _event: True,
+        blocks: Blocks | None = None,
     ) -> Steps[list[Letter]]:
         """The steps that run ``route``'s handler over ``events``; they return the dead letters.
 
@@ -121,6 +123,8 @@ class Dispatcher:
                 redoes the batch (:class:`Conflicted`); false once the batch
                 has redone as many of the event's as it may in a row: then it
                 is the event's failure.
+            blocks: for a route that parks keys, where a dead letter blocks its
+                key: the key's later events are then held, not run.
 
         Raises:
             HandlerFailed: a handler failed and the event will be tried again.
@@ -129,7 +133,7 @@ class Dispatcher:
             Conflicted: a handler met a conflict, to be retried at once.
             StoreError: the database went away (also when seen by a handler).
         """
-        calls = _Calls(self, tx, route, records, retry_conflict)
+        calls = _Calls(self, tx, route, records, retry_conflict, blocks)
         runnable: list[Event] = []
         for event in events:
             verdict = verdicts.get(event.offset)
@@ -137,6 +141,8 @@ class Dispatcher:
                 runnable.append(event)
             else:
                 calls.dead_letter(event, verdict.reason, verdict.error)
+        if blocks is not None and blocks.blockers:
+            runnable = [e for e in runnable if not blocks.holds(e)]
         yield from route.kind.run(calls, runnable, careful=bool(verdicts), pipelined=pipelined)
         return calls.letters
 
@@ -203,12 +209,14 @@ class _Calls:
         route: Route,
         records: Mapping[int, Record],
         retry_conflict: Callable[[Event], bool],
+        blocks: Blocks | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._tx = tx
         self._route = route
         self._records = records
         self._retry_conflict = retry_conflict
+        self._blocks = blocks
         self.letters: list[Letter] = []
 
     @property
@@ -229,6 +237,11 @@ class _Calls:
         self.letters.append(
             self._dispatcher.letter(self._route, self._records, event, reason, error)
         )
+        if self._blocks is not None:
+            self._blocks.dead_lettered(event)
+
+    def held(self, event: Event) -> bool:
+        return self._blocks is not None and self._blocks.holds(event)
 
     # The cause is set here, around the middleware too, so whatever a layer
     # or the handler enqueues is linked to the event (a ContextVar: no I/O).

@@ -155,6 +155,8 @@ class EachEvent(_Kind):
         raise Abandoned(event, Verdict(reason, exc)) from exc
 
     def _careful(self, calls: Calls, event: Event) -> Steps[None]:
+        if calls.held(event):
+            return
         try:
             yield self._call(calls, event, "savepoint")
         except Exception as exc:
@@ -195,6 +197,8 @@ class WholeBatch(_Kind):
             if calls.permanent(exc, events[0]) is None:
                 raise HandlerFailed(events[0], exc) from exc
         for event in events:
+            if calls.held(event):
+                continue
             try:
                 yield self._call(calls, [event])
             except Exception as exc:

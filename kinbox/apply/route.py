@@ -54,6 +54,12 @@ class Calls(Protocol):
     def dead_letter(self, event: Event, reason: str, error: BaseException) -> None:
         """Give ``event`` up for ``reason``: its dead letter is recorded with the batch."""
 
+    def held(self, event: Event) -> bool:
+        """Whether ``event`` waits behind an earlier dead letter of its key: then skip it.
+
+        Only a route that parks keys holds any (:mod:`kinbox.apply.parking`).
+        """
+
     def around_event(self, event: Event, call: Callable[[Event], object]) -> object:
         """Run ``call(event)`` inside every middleware's ``around_event``."""
 
@@ -143,6 +149,8 @@ class Route:
     key's records in order, different keys' side by side (:mod:`kinbox.apply.keyed`)."""
     concurrency: int = 1
     """Units of this route applied at once, in key order (one connection each)."""
+    park_keys: bool = False
+    """Whether a dead letter parks its key's later events (:mod:`kinbox.core.parking`)."""
 
     def bound(self, store: InboxStore, value_reader: ValueReader | None) -> Route:
         """The route with what its handler needs of the drivers (:meth:`HandlerKind.bound`)."""

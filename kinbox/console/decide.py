@@ -25,15 +25,20 @@ from dataclasses import dataclass
 
 from kinbox.apply import deadletter
 from kinbox.console.letters import LetterView
-from kinbox.console.parked import ParkedKeySource
+from kinbox.console.parked import InboxParking, ParkedKeySource
 from kinbox.core.config import Settings
 from kinbox.core.errors import KinboxError
 from kinbox.core.publisher import Publisher
+from kinbox.ops import parked_keys
 from kinbox.store.decisions import DecidedRecord, DecisionLog
 from kinbox.store.inspect import InboxReader
 from producer_outbox import parked
 
 log = logging.getLogger(__name__)
+
+
+def _behind(released: int) -> str:
+    return f"; released {released} parked event(s) behind them" if released else ""
 
 
 @dataclass(frozen=True)
@@ -78,11 +83,15 @@ class Actions:
         def act() -> tuple[int, str]:
             publisher = self._publisher(self._settings)
             try:
-                report = deadletter.replay([x.record for x in letters], publisher)
+                report = deadletter.replay(
+                    [x.record for x in letters], publisher, id_headers=self._settings.id_headers
+                )
+                released = self._release_behind(letters, publisher)
             finally:
                 publisher.close()
             topics = ", ".join(sorted({x.cause.topic for x in letters}))
-            return report.replayed, f"replayed {report.replayed} dead letter(s) to {topics}"
+            detail = f"replayed {report.replayed} dead letter(s) to {topics}"
+            return report.replayed, detail + _behind(released)
 
         records = [x.decided() for x in letters]
         return self._decide(operator, "replay", target, subject, records, act)
@@ -93,10 +102,29 @@ class Actions:
         """Give ``letters`` up: recorded, and no longer shown open; they stay in Kafka."""
 
         def act() -> tuple[int, str]:
-            return len(letters), f"discarded {len(letters)} dead letter(s); they stay in Kafka"
+            publisher = self._publisher(self._settings)
+            try:
+                released = self._release_behind(letters, publisher)
+            finally:
+                publisher.close()
+            detail = f"discarded {len(letters)} dead letter(s); they stay in Kafka"
+            return len(letters), detail + _behind(released)
 
         records = [x.decided() for x in letters]
         return self._decide(operator, "discard", target, subject, records, act)
+
+    def _release_behind(self, letters: Sequence[LetterView], publisher: Publisher) -> int:
+        """Release the keys parked behind ``letters`` (given up or replayed); events released."""
+        if not isinstance(self._keys, InboxParking):
+            return 0
+        by_group: dict[str, list[str]] = {}
+        for x in letters:
+            if x.event_id is not None:
+                by_group.setdefault(x.cause.group, []).append(x.event_id)
+        return sum(
+            parked_keys.release_blocked_by(self._settings, group, ids, publisher)
+            for group, ids in by_group.items()
+        )
 
     def requeue_row(self, operator: str, row_id: uuid.UUID) -> ActionResult:
         """Put a parked outbox row back to pending (``kinbox outbox requeue --id``)."""

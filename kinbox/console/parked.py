@@ -11,11 +11,14 @@ answers :class:`NotEnabled`, and the page says so.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from kinbox.core.config import Settings
 from kinbox.core.errors import KinboxError
+from kinbox.core.publisher import Publisher
+from kinbox.ops import parked_keys
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,54 @@ class NotEnabled:
         raise KinboxError(f"no parked keys in schema {self._schema!r}: parking is not enabled")
 
 
-def source(settings: Settings) -> ParkedKeySource:
-    """The parked keys of ``settings.schema``: the one place the inbox's parking plugs in."""
-    return NotEnabled(settings.schema)
+class InboxParking:
+    """The parked keys of the inbox in ``settings.schema`` (:mod:`kinbox.ops.parked_keys`).
+
+    Args:
+        settings: the database, and the Kafka a release re-publishes to.
+        publisher: makes the publisher a release sends with.
+    """
+
+    def __init__(self, settings: Settings, publisher: Callable[[Settings], Publisher]) -> None:
+        self._settings = settings
+        self._publisher = publisher
+
+    def read(self, limit: int) -> ParkedKeys:
+        """The first ``limit`` parked keys, oldest first."""
+        rows = parked_keys.parked_keys(self._settings, None, limit)
+        keys = [
+            ParkedKey(
+                r.group, r.topic, parked_keys.key_text(r.key), r.waiting, r.blocked_by, r.since
+            )
+            for r in rows
+        ]
+        note = (
+            "Keys of handlers registered with park_keys=True whose events wait behind a dead "
+            "letter. Release re-publishes them in order; discard gives them up."
+        )
+        return ParkedKeys(enabled=True, keys=keys, note=note, actions=True)
+
+    def release(self, group: str, topic: str, key: str) -> int:
+        """Re-publish the key's parked events, in order (``kinbox dlq release``)."""
+        raw = parked_keys.parse_key(key)
+        return parked_keys.with_publisher(
+            self._settings,
+            self._publisher,
+            lambda p: parked_keys.release(self._settings, group, topic, raw, p),
+        )
+
+    def discard(self, group: str, topic: str, key: str) -> int:
+        """Give the key's parked events up (``kinbox dlq discard``)."""
+        return parked_keys.discard(self._settings, group, topic, parked_keys.parse_key(key))
+
+
+def source(
+    settings: Settings, publisher: Callable[[Settings], Publisher] | None = None
+) -> ParkedKeySource:
+    """The parked keys of ``settings.schema``: the one place the inbox's parking plugs in.
+
+    The inbox's own when its tables have them and a publisher is given, else :class:`NotEnabled`.
+    """
+    if publisher is None or not settings.database_url:
+        return NotEnabled(settings.schema)
+    return InboxParking(settings, publisher)

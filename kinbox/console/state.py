@@ -44,7 +44,7 @@ class Console:
         self.scrubber = Scrubber([*connection.secret_values(), settings.token])
         self.gate = Gate(settings.token, settings.operator)
         self.log = DecisionLog(connection.database_url, connection.schema)
-        self.keys: ParkedKeySource = source(connection)
+        self.keys: ParkedKeySource = source(connection, publisher)
         self.actions = Actions(connection, self.log, self.keys, publisher, self.scrubber.text)
         self.sampler = Sampler(self.snapshot, settings.sample_every)
         self._scan: Scan | None = None

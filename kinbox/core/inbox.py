@@ -38,6 +38,8 @@ from kinbox.core.steps import (
     Claim,
     DeadLetterRow,
     OpenPipeline,
+    Park,
+    ParkingState,
     Program,
     Step,
     Stepper,
@@ -47,6 +49,7 @@ from kinbox.core.steps import (
 if TYPE_CHECKING:
     from kinbox.core.errors import ConflictError, StoreError
     from kinbox.core.event import Event
+    from kinbox.core.parking import KeyState
     from kinbox.core.reuse import Sighting
 
 T = TypeVar("T")
@@ -92,6 +95,22 @@ class InboxTransaction(Protocol):
 
         ``reason`` may hold any text; the store escapes what the database
         cannot hold.
+        """
+
+    def parking_state(self, topic: str, keys: Collection[bytes]) -> dict[bytes, KeyState]:
+        """Which of ``keys`` of ``topic`` are blocked for this consumer, and how.
+
+        Locks their rows until the transaction ends, so a release or a
+        discard waits for it, and it for them.
+        """
+
+    def park(self, step: Park) -> None:
+        """Do what ``step`` says, in this transaction (:class:`~kinbox.core.steps.Park`).
+
+        Parked events' rows become ``parked``, with the record kept; a
+        blocked key's row names its dead letter (a released key is blocked
+        again); unparked events' records go; a freed key's row goes if no
+        event of it is parked any more.
         """
 
     def check_deferred(self) -> None:
@@ -322,6 +341,10 @@ def _run(
         return tx.reused(step.events)
     if isinstance(step, DeadLetterRow):
         return tx.dead_letter(step.event, step.reason)
+    if isinstance(step, ParkingState):
+        return tx.parking_state(step.topic, step.keys)
+    if isinstance(step, Park):
+        return tx.park(step)
     if isinstance(step, CheckDeferred):
         return tx.check_deferred()
     if isinstance(step, OpenPipeline):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 if TYPE_CHECKING:
     from kinbox.core.errors import ConflictError, StoreError
     from kinbox.core.event import Event
+    from kinbox.core.parking import Parked
 
 T = TypeVar("T")
 
@@ -53,6 +54,34 @@ class DeadLetterRow:
 
     event: Event
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParkingState:
+    """Which of ``keys`` of ``topic`` are blocked: each one's state, by key.
+
+    See :meth:`InboxTransaction.parking_state` and :class:`~kinbox.core.parking.KeyState`.
+    """
+
+    topic: str
+    keys: Collection[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    """Park events, block keys, and let released events and free keys go, in ``topic``.
+
+    See :meth:`InboxTransaction.park`.
+    """
+
+    topic: str
+    parked: Sequence[Parked] = ()
+    blocked: Sequence[tuple[bytes, str]] = ()
+    """(key, event id of the dead letter it now waits behind)."""
+    unparked: Sequence[str] = ()
+    """Released events that ran: their parked rows go."""
+    freed: Collection[bytes] = ()
+    """Released keys to free, if none of their events is parked any more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +131,8 @@ Step = (
     Claim
     | CheckReused
     | DeadLetterRow
+    | ParkingState
+    | Park
     | CheckDeferred
     | Call
     | OpenPipeline

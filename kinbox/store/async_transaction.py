@@ -17,6 +17,7 @@ import psycopg
 from kinbox.core import steps
 from kinbox.core.errors import ConflictError, StoreError
 from kinbox.core.event import Event
+from kinbox.core.parking import KeyState
 from kinbox.core.reuse import Sighting
 from kinbox.store import transaction as shared
 from kinbox.store.cursors import forget, refused
@@ -64,6 +65,10 @@ async def _step(step: steps.Step, tx: AsyncTransaction, pipes: list[_Pipe]) -> A
         return await tx.reused(step.events)
     if isinstance(step, steps.DeadLetterRow):
         return await tx.dead_letter(step.event, step.reason)
+    if isinstance(step, steps.ParkingState):
+        return await tx.parking_state(step.topic, step.keys)
+    if isinstance(step, steps.Park):
+        return await tx.park(step)
     if isinstance(step, steps.CheckDeferred):
         return await tx.check_deferred()
     if isinstance(step, steps.OpenPipeline):
@@ -106,6 +111,15 @@ class AsyncTransaction:
     async def reused(self, events: Sequence[Event]) -> list[Sighting]:
         """See :meth:`~kinbox.core.inbox.InboxTransaction.reused`."""
         return await self._planned(shared.ReusedPlan(self._sql, self._consumer, events))
+
+    async def parking_state(self, topic: str, keys: Collection[bytes]) -> dict[bytes, KeyState]:
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.parking_state`."""
+        plan = shared.ParkingStatePlan(self._sql, self._consumer, topic, keys)
+        return await self._planned(plan)
+
+    async def park(self, step: steps.Park) -> None:
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.park`."""
+        await self._planned(shared.ParkPlan(self._sql, self._consumer, step, self._conn.info))
 
     async def _planned(self, plan: shared.Plan[R]) -> R:
         """Run ``plan``'s statements in order; its result."""

@@ -26,8 +26,9 @@ from kinbox.core.errors import ConflictError, SchemaError, StoreError
 from kinbox.core.event import Event
 from kinbox.core.inbox import InboxTransaction, Invoke, drive
 from kinbox.core.names import sql_identifier
+from kinbox.core.parking import KeyState
 from kinbox.core.reuse import Sighting
-from kinbox.core.steps import Program
+from kinbox.core.steps import Park, Program
 from kinbox.store import migrations
 from kinbox.store.arrays import text_array
 from kinbox.store.checkout import Checkout
@@ -37,6 +38,8 @@ from kinbox.store.schema import INBOX
 from kinbox.store.statements import CHECK_DEFERRED, InboxStatements
 from kinbox.store.transaction import (
     ClaimPlan,
+    ParkingStatePlan,
+    ParkPlan,
     Plan,
     ReusedPlan,
     aborted,
@@ -186,6 +189,12 @@ class _PostgresTransaction:
 
     def reused(self, events: Sequence[Event]) -> list[Sighting]:
         return self._planned(ReusedPlan(self._store._sql, self._consumer, events))
+
+    def parking_state(self, topic: str, keys: Collection[bytes]) -> dict[bytes, KeyState]:
+        return self._planned(ParkingStatePlan(self._store._sql, self._consumer, topic, keys))
+
+    def park(self, step: Park) -> None:
+        self._planned(ParkPlan(self._store._sql, self._consumer, step, self._conn.info))
 
     def _planned(self, plan: Plan[R]) -> R:
         """Run ``plan``'s statements in order; its result."""

@@ -6,7 +6,9 @@ of the record that claimed the row, for ``kinbox explain``) and a partial
 index over the rows that are not ``applied`` (``kinbox status`` counts dead
 letters from it); step 4 adds ``payload_hash`` (the digest of the claimed
 record's value, :mod:`kinbox.core.reuse`) and the ``reused_event_ids`` table,
-where a duplicate whose payload differs is recorded. Its primary key
+where a duplicate whose payload differs is recorded; step 5 adds the
+``parked`` status and the ``parked_keys`` and ``parked_events`` tables of
+key-ordered parking (:mod:`kinbox.core.parking`). Its primary key
 ``(consumer, event_id)`` *is* the dedup guarantee: the claim ``INSERT ...
 ON CONFLICT DO NOTHING`` of a second delivery conflicts with the first one's
 row (or waits for the first one's transaction, if it is still open) and
@@ -20,7 +22,7 @@ from psycopg import sql
 
 from kinbox.store.migrations import Component
 
-STATUSES = ("applied", "dead_lettered", "skipped")
+STATUSES = ("applied", "dead_lettered", "skipped", "parked")
 """Values of ``processed_events.status``."""
 
 
@@ -105,6 +107,55 @@ def _add_payload_hash_and_reused_ids(schema: sql.Identifier) -> list[sql.Compose
     ]
 
 
+def _add_parking(schema: sql.Identifier) -> list[sql.Composed]:
+    return [
+        # The check is replaced, not widened in place: PostgreSQL has no
+        # ALTER CONSTRAINT for a CHECK. It validates the table once.
+        sql.SQL(
+            "ALTER TABLE {}.processed_events"
+            " DROP CONSTRAINT IF EXISTS processed_events_status_check,"
+            " ADD CONSTRAINT processed_events_status_check"
+            " CHECK (status IN ('applied', 'dead_lettered', 'skipped', 'parked'))"
+        ).format(schema),
+        # One row per blocked key: the dead letter it waits behind, and
+        # whether an operator released it. Only routes that park write here.
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.parked_keys ("
+            " consumer text NOT NULL,"
+            " topic text NOT NULL,"
+            " key bytea NOT NULL,"
+            " blocked_by text NOT NULL,"
+            " released boolean NOT NULL DEFAULT false,"
+            " since timestamptz NOT NULL DEFAULT now(),"
+            " PRIMARY KEY (consumer, topic, key))"
+        ).format(schema),
+        # The record of each parked event, to re-publish it on release, in
+        # the order it was parked (seq).
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.parked_events ("
+            " consumer text NOT NULL,"
+            " event_id text NOT NULL,"
+            " topic text NOT NULL,"
+            " key bytea NOT NULL,"
+            " seq bigserial NOT NULL,"
+            " partition integer NOT NULL,"
+            ' "offset" bigint NOT NULL,'
+            " value bytea,"
+            " header_names text[] NOT NULL,"
+            " header_values bytea[] NOT NULL,"
+            " timestamp_ms bigint,"
+            " blocked_by text NOT NULL,"
+            " released boolean NOT NULL DEFAULT false,"
+            " parked_at timestamptz NOT NULL DEFAULT now(),"
+            " PRIMARY KEY (consumer, event_id))"
+        ).format(schema),
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS parked_events_key_idx"
+            " ON {}.parked_events (consumer, topic, key, seq)"
+        ).format(schema),
+    ]
+
+
 INBOX = Component(
     "inbox",
     [
@@ -112,6 +163,7 @@ INBOX = Component(
         _add_reason,
         _add_trace_id_and_verdict_index,
         _add_payload_hash_and_reused_ids,
+        _add_parking,
     ],
 )
 """The inbox component; ``kinbox migrate`` brings it to ``INBOX.version``."""

@@ -37,16 +37,17 @@ _INSERT = (
     " ON CONFLICT (consumer, event_id) "
 )
 _CLAIM = _INSERT + "DO NOTHING RETURNING event_id"
-# The same claim for replayed records, except that a dead-lettered row may be
-# taken over: the row lock the UPDATE takes serialises two deliveries of the
-# replay exactly like the INSERT does, and an applied row never matches the
-# WHERE, so a replay applies at most once.
+# The same claim for replayed records, except that a dead-lettered row (or a
+# parked one, re-published on its key's release) may be taken over: the row
+# lock the UPDATE takes serialises two deliveries of the replay exactly like
+# the INSERT does, and an applied row never matches the WHERE, so a replay
+# applies at most once.
 _RECLAIM = (
     _INSERT + "DO UPDATE SET status = 'applied', topic = EXCLUDED.topic,"
     ' partition = EXCLUDED.partition, "offset" = EXCLUDED."offset",'
     " processed_at = now(), reason = NULL, trace_id = EXCLUDED.trace_id,"
     " payload_hash = EXCLUDED.payload_hash"
-    " WHERE processed_events.status = 'dead_lettered'"
+    " WHERE processed_events.status IN ('dead_lettered', 'parked')"
     " RETURNING event_id"
 )
 # The skim's look-up (kinbox.apply.skim): one probe of the primary key per
@@ -85,6 +86,50 @@ _DEAD_LETTER = (
     " WHERE consumer = %s AND event_id = %s"
 )
 
+# Key-ordered parking (kinbox.core.parking), run only by routes that park.
+# The blocked keys among a batch's, their rows locked: a release or a discard
+# (kinbox.store.parking) takes the same locks, so neither sees half of the other.
+_BLOCKED = (
+    "SELECT key, blocked_by, released FROM {}.parked_keys"
+    " WHERE consumer = %s AND topic = %s AND key = ANY(%s::bytea[])"
+    " ORDER BY key FOR UPDATE"
+)
+_RELEASED = (
+    "SELECT key, event_id, released FROM {}.parked_events"
+    " WHERE consumer = %s AND topic = %s AND key = ANY(%s::bytea[])"
+)
+# One statement per parked event: parking follows a dead letter, so it is
+# rare, and a record's headers fit no array of the whole batch. A released
+# event that a new dead letter of its key holds is parked again.
+_PARK = (
+    'INSERT INTO {}.parked_events (consumer, topic, event_id, key, partition, "offset",'
+    " value, header_names, header_values, timestamp_ms, blocked_by)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s::text[], %s::bytea[], %s, %s)"
+    " ON CONFLICT (consumer, event_id) DO UPDATE SET released = false,"
+    " blocked_by = EXCLUDED.blocked_by"
+    " RETURNING event_id"
+)
+_PARKED = (
+    "UPDATE {}.processed_events SET status = 'parked', reason = %s"
+    " WHERE consumer = %s AND event_id = %s RETURNING event_id"
+)
+_BLOCK = (
+    "INSERT INTO {}.parked_keys (consumer, topic, key, blocked_by) VALUES (%s, %s, %s, %s)"
+    " ON CONFLICT (consumer, topic, key) DO UPDATE SET blocked_by = EXCLUDED.blocked_by,"
+    " released = false RETURNING key"
+)
+_UNPARK = (
+    "DELETE FROM {}.parked_events WHERE consumer = %s AND event_id = ANY(%s::text[])"
+    " RETURNING event_id"
+)
+_FREE = (
+    "DELETE FROM {0}.parked_keys k"
+    " WHERE k.consumer = %s AND k.topic = %s AND k.key = ANY(%s::bytea[]) AND k.released"
+    " AND NOT EXISTS (SELECT FROM {0}.parked_events e"
+    " WHERE e.consumer = k.consumer AND e.topic = k.topic AND e.key = k.key)"
+    " RETURNING key"
+)
+
 CHECK_DEFERRED = b"SET CONSTRAINTS ALL IMMEDIATE"
 """Checks every deferrable constraint (and constraint trigger) queued so far, as COMMIT would.
 
@@ -112,6 +157,21 @@ class InboxStatements:
     """Which of the ids this consumer has recorded (read-only, outside a transaction)."""
     dead_letter: bytes
     """Sets a claimed row to ``dead_lettered`` with its reason."""
+    blocked: bytes
+    """The blocked keys among some of a topic's (consumer, topic, keys), locked."""
+    released: bytes
+    """The parked events of those keys, released or not (consumer, topic, keys)."""
+    park: bytes
+    """Keeps one parked event's record (consumer, topic, id, key, partition, offset,
+    value, header names, header values, timestamp, blocked by)."""
+    parked: bytes
+    """Sets a claimed row to ``parked`` (reason, consumer, id)."""
+    block: bytes
+    """Blocks a key behind a dead letter (consumer, topic, key, its event id)."""
+    unpark: bytes
+    """Drops parked records (consumer, ids)."""
+    free: bytes
+    """Frees released keys with nothing parked any more (consumer, topic, keys)."""
 
     @classmethod
     def of(cls, schema: str) -> InboxStatements:
@@ -122,5 +182,7 @@ class InboxStatements:
             return sql.SQL(text).format(table).as_bytes()
 
         return cls(
-            render(_CLAIM), render(_RECLAIM), render(_REUSED), render(_KNOWN), render(_DEAD_LETTER)
-        )
+            render(_CLAIM), render(_RECLAIM), render(_REUSED), render(_KNOWN), render(_DEAD_LETTER),
+            render(_BLOCKED), render(_RELEASED), render(_PARK), render(_PARKED), render(_BLOCK),
+            render(_UNPARK), render(_FREE),
+        )  # fmt: skip

@@ -17,7 +17,9 @@ from kinbox.core.describe import describe, storable
 from kinbox.core.errors import ConflictError, StoreError
 from kinbox.core.event import Event
 from kinbox.core.inbox import first_occurrences
+from kinbox.core.parking import KeyState
 from kinbox.core.reuse import Sighting, payload_digest
+from kinbox.core.steps import Park
 from kinbox.core.traceparent import trace_id
 from kinbox.store.arrays import hex_array, int_array, text_array
 from kinbox.store.errors import Connection, behind, left_aborted
@@ -142,6 +144,86 @@ class ReusedPlan:
         return sorted(
             self.sightings, key=lambda s: order[(s.event.topic, s.event.partition, s.event.offset)]
         )
+
+
+class ParkingStatePlan:
+    """The statements that read which of a topic's keys are blocked, and what was released."""
+
+    __slots__ = ("_blocked", "_released", "_taken", "_unreleased", "statements")
+
+    def __init__(
+        self, sql: InboxStatements, consumer: str, topic: str, keys: Collection[bytes]
+    ) -> None:
+        params = (consumer, topic, sorted(keys))
+        self.statements: list[Statement] = [(sql.blocked, params), (sql.released, params)]
+        """The blocked keys (locked), then their released events."""
+        self._taken = 0
+        self._blocked: dict[bytes, tuple[str, bool]] = {}
+        self._released: dict[bytes, set[str]] = {}
+        self._unreleased: dict[bytes, int] = {}
+
+    def take(self, rows: Sequence[Sequence[Any]]) -> None:
+        """The blocked keys' rows first, then the released events'."""
+        if self._taken == 0:
+            self._blocked = {bytes(key): (by, released) for key, by, released in rows}
+        else:
+            for key, event_id, released in rows:
+                if released:
+                    self._released.setdefault(bytes(key), set()).add(event_id)
+                else:
+                    self._unreleased[bytes(key)] = self._unreleased.get(bytes(key), 0) + 1
+        self._taken += 1
+
+    def result(self) -> dict[bytes, KeyState]:
+        """Each blocked key's state."""
+        return {
+            key: KeyState(
+                by, released, frozenset(self._released.get(key, ())), self._unreleased.get(key, 0)
+            )
+            for key, (by, released) in self._blocked.items()
+        }
+
+
+class ParkPlan:
+    """The statements of one :class:`~kinbox.core.steps.Park` step, in the order they must run.
+
+    Parked records first, then their rows' status, the keys blocked, the
+    released records that ran, and last the keys freed (which the earlier
+    statements may have kept blocked).
+    """
+
+    __slots__ = ("statements",)
+
+    def __init__(
+        self, sql: InboxStatements, consumer: str, step: Park, info: psycopg.ConnectionInfo
+    ) -> None:
+        topic = step.topic
+        statements: list[Statement] = []
+        for p in step.parked:
+            statements.append((sql.park, (
+                consumer, topic, p.event_id, p.key, p.partition, p.offset, p.value,
+                [name for name, _ in p.headers], [value for _, value in p.headers],
+                p.timestamp, p.blocked_by,
+            )))  # fmt: skip
+            reason = storable(f"parked: key waits behind {p.blocked_by}", _encoding(info))
+            statements.append((sql.parked, (reason, consumer, p.event_id)))
+        statements += [(sql.block, (consumer, topic, key, by)) for key, by in step.blocked]
+        if step.unparked:
+            statements.append((sql.unpark, (consumer, list(step.unparked))))
+        if step.freed:
+            statements.append((sql.free, (consumer, topic, sorted(step.freed))))
+        self.statements = statements
+        """What to run, in order."""
+
+    def take(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Nothing is read back."""
+
+    def result(self) -> None:
+        """Nothing to say."""
+
+
+def _encoding(info: psycopg.ConnectionInfo) -> str:
+    return info.parameter_status("server_encoding") or "UTF8"
 
 
 def dead_letter(

@@ -15,8 +15,9 @@ values legitimately differ between two correct runs:
   (``now()``, a random uuid, ``clock_timestamp()``...): found by running the
   clean delivery twice.
 
-kinbox's own ``schema_version`` and ``reused_event_ids`` are ignored (the
-latter records positions, which differ from run to run) and
+kinbox's own ``schema_version``, ``reused_event_ids``, ``parked_keys`` and
+``parked_events`` are ignored (the last three record positions and times,
+which differ from run to run) and
 ``processed_events`` is compared on ``(event_id, status)`` only (the offsets
 and times in it differ when duplicates are delivered).
 """
@@ -35,7 +36,7 @@ from kinbox.core.errors import ConfigurationError
 
 INBOX_TABLE = "processed_events"
 """kinbox's bookkeeping, compared on ``(event_id, status)``."""
-SKIPPED = frozenset({"schema_version", "reused_event_ids"})
+SKIPPED = frozenset({"schema_version", "reused_event_ids", "parked_keys", "parked_events"})
 """kinbox's tables that are never compared."""
 
 Row = tuple[str | None, ...]

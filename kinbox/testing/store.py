@@ -24,8 +24,9 @@ from kinbox.core.describe import storable
 from kinbox.core.errors import ConflictError, StoreError
 from kinbox.core.event import Event
 from kinbox.core.inbox import drive, first_occurrences
+from kinbox.core.parking import KeyState, Parked
 from kinbox.core.reuse import Sighting, payload_digest
-from kinbox.core.steps import Program
+from kinbox.core.steps import Park, Program
 from kinbox.store.errors import aborted_at_commit, behind, left_aborted, translate
 from kinbox.testing.awaiting import AwaitsAlone
 
@@ -110,7 +111,10 @@ class FakeTransaction(AwaitsAlone):
             raise StoreError(f"DataError: cannot store event id {refused[0]!r}", transient=False)
         fresh = []
         for event in first_occurrences(events):
-            taken_over = event.id in reclaim and store.status.get(event.id) == "dead_lettered"
+            taken_over = event.id in reclaim and store.status.get(event.id) in (
+                "dead_lettered",
+                "parked",
+            )
             if event.id not in store.claimed or taken_over:
                 store.claimed[event.id] = event
                 store.status[event.id] = "applied"
@@ -147,6 +151,41 @@ class FakeTransaction(AwaitsAlone):
             raise StoreError(f"DataError: cannot store reason {reason[:40]!r}", transient=False)
         self._store.status[event.id] = "dead_lettered"
         self._store.reasons[event.id] = storable(reason, "UTF8")
+
+    def parking_state(self, topic: str, keys: Collection[bytes]) -> dict[bytes, KeyState]:
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.parking_state`."""
+        self._usable()
+        store = self._store
+        found = {}
+        for key in keys:
+            row = store.parked_keys.get((topic, key))
+            if row is not None:
+                mine = [
+                    (i, free) for i, (t, p, free, _) in store.parked_events.items()
+                    if t == topic and p.key == key
+                ]  # fmt: skip
+                released = frozenset(i for i, free in mine if free)
+                found[key] = KeyState(row[0], row[1], released, len(mine) - len(released))
+        return found
+
+    def park(self, step: Park) -> None:
+        """See :meth:`~kinbox.core.inbox.InboxTransaction.park`."""
+        self._usable()
+        store, topic = self._store, step.topic
+        for parked in step.parked:
+            seq = store.parked_events.get(parked.event_id, (None, None, None, 0))[3]
+            store.parked_events[parked.event_id] = (topic, parked, False, seq or store.next_seq())
+            store.status[parked.event_id] = "parked"
+            store.reasons[parked.event_id] = f"parked: key waits behind {parked.blocked_by}"
+        for key, by in step.blocked:
+            store.parked_keys[(topic, key)] = (by, False)
+        for event_id in step.unparked:
+            store.parked_events.pop(event_id, None)
+        for key in step.freed:
+            row = store.parked_keys.get((topic, key))
+            left = any(t == topic and p.key == key for t, p, _, _ in store.parked_events.values())
+            if row is not None and row[1] and not left:
+                del store.parked_keys[(topic, key)]
 
     def check_deferred(self) -> None:
         """See :meth:`~kinbox.core.inbox.InboxTransaction.check_deferred` (``refuse_commit``)."""
@@ -288,9 +327,37 @@ class FakeStore:
         self.skims: list[list[str]] = []
         """The ids of every :meth:`known` look-up, sorted, in order."""
         self.fail_skims = 0
+        self.parked_keys: dict[tuple[str, bytes], tuple[str, bool]] = {}
+        """Blocked keys: (topic, key) -> (the dead letter's event id, released)."""
+        self.parked_events: dict[str, tuple[str, Parked, bool, int]] = {}
+        """Parked events by id: (topic, what was parked, released, order parked in)."""
+        self._seq = 0
         self._one_at_a_time = threading.RLock()
         # The committed rows while a transaction is open (what known() reads then).
         self._before: dict[str, str] | None = None
+
+    def next_seq(self) -> int:
+        """The order of the next event parked."""
+        self._seq += 1
+        return self._seq
+
+    def release(self, topic: str, key: bytes) -> list[Parked]:
+        """Release ``key`` as ``kinbox dlq release`` does; return its parked events, in order.
+
+        Deliver them again with :func:`~kinbox.core.letter.replay_headers` to
+        apply them.
+        """
+        with self._one_at_a_time:
+            by, _ = self.parked_keys[(topic, key)]
+            self.parked_keys[(topic, key)] = (by, True)
+            mine = sorted(
+                (seq, i) for i, (t, p, _, seq) in self.parked_events.items()
+                if t == topic and p.key == key
+            )  # fmt: skip
+            for seq, event_id in mine:
+                t, parked, _, _ = self.parked_events[event_id]
+                self.parked_events[event_id] = (t, parked, True, seq)
+            return [self.parked_events[i][1] for _, i in mine]
 
     def check_deferred(self, mark: int) -> None:
         """Run ``refuse_commit`` on the effects written since ``mark``.
@@ -312,6 +379,7 @@ class FakeStore:
         self.transactions += 1
         saved = dict(self.claimed), dict(self.status), dict(self.reasons), len(self.effects)
         sightings = dict(self.sightings)
+        parking = dict(self.parked_keys), dict(self.parked_events)
         tx = FakeTransaction(self, saved[3])
         self._before = saved[1]
         try:
@@ -324,6 +392,7 @@ class FakeStore:
         except BaseException:
             self.claimed, self.status, self.reasons = saved[0], saved[1], saved[2]
             self.sightings = sightings
+            self.parked_keys, self.parked_events = parking
             del self.effects[saved[3] :]
             raise
         finally:

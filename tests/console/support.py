@@ -146,15 +146,19 @@ def start_worker(
 def produce(
     bootstrap: str, topic: str, payloads: Sequence[dict[str, Any]], *,
     raw: Sequence[bytes] = (), headers: Sequence[tuple[str, bytes]] = (), with_id: bool = True,
+    key: bytes | None = None,
 ) -> list[str]:  # fmt: skip
-    """One record per payload (or raw value), each with a fresh ``event-id``; return the ids."""
+    """One record per payload (or raw value), each with a fresh ``event-id``; return the ids.
+
+    Each record's key is its event id, or ``key`` for them all.
+    """
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     ids = []
     for value in [json.dumps(p).encode() for p in payloads] + list(raw):
         event_id = str(uuid.uuid4())
         extra = [("event-id", event_id.encode())] if with_id else []
         ids.append(event_id)
-        producer.produce(topic, value, key=event_id.encode(), headers=[*extra, *headers])
+        producer.produce(topic, value, key=key or event_id.encode(), headers=[*extra, *headers])
     assert producer.flush(30) == 0
     return ids if with_id else []
 

@@ -12,6 +12,7 @@ import json
 import re
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -27,6 +28,7 @@ from tests.console.support import (
     ConsoleProcess,
     DeadLetters,
     park_outbox_row,
+    produce,
 )
 from tests.support.waiting import wait_for
 
@@ -171,9 +173,9 @@ def test_every_page_shows_the_real_dead_letters(
     page.get_by_role("button", name="Explain").click()
     expect(page.locator("#not-found")).to_be_visible()
 
-    # Parked keys: the inbox does not park keys, and says so
+    # Parked keys: none yet (every key of these events is its own)
     page.get_by_role("link", name="Parked keys").click()
-    expect(page.locator("#parked-off")).to_contain_text("not enabled")
+    expect(page.locator("#parked-keys")).to_contain_text("No key is parked.")
 
     page.get_by_role("link", name="Decisions").click()
     expect(page.locator("h1")).to_have_text("Decisions")
@@ -313,6 +315,53 @@ def test_a_parked_outbox_row_can_be_requeued_or_discarded(
     done = rows(stack, "SELECT action, subject, outcome FROM {schema}.operator_decisions"
                 " WHERE target = 'outbox row' ORDER BY id", made.schema)  # fmt: skip
     assert done == [("requeue", first, "done"), ("discard", second, "done")]
+
+
+def test_a_parked_key_is_listed_then_released_in_order_or_discarded(
+    page: Page, console: ConsoleProcess, made: DeadLetters, stack: Stack
+) -> None:
+    # Given two keys each held behind a dead letter, two events waiting on each
+    hold = Path(f"{made.broken}.hold")
+    hold.touch()
+    batch: list[dict[str, Any]] = [
+        {"kind": "hold"},
+        {"kind": "good", "n": 10},
+        {"kind": "good", "n": 11},
+    ]
+    kept = produce(stack.bootstrap_servers, made.topic, batch, key=b"acct-1")
+    given_up = produce(stack.bootstrap_servers, made.topic, batch, key=b"acct-2")
+    waiting = "SELECT key, count(*) FROM {schema}.parked_events GROUP BY key ORDER BY key"
+    wait_for(
+        lambda: rows(stack, waiting, made.schema) == [(b"acct-1", 2), (b"acct-2", 2)],
+        60, "two keys with two parked events each",
+    )  # fmt: skip
+    hold.unlink()  # the fix is deployed
+    # When the on-call sees them, releases acct-1 and discards acct-2
+    page.goto(f"{console.base}/parked-keys")
+    table = page.locator("#parked-keys")
+    expect(table).to_contain_text("acct-1")
+    expect(table.locator("tr", has_text="acct-2").locator(".num")).to_have_text("2")
+    expect(table.locator("tr", has_text="acct-1")).to_contain_text(kept[0])
+    table.locator("tr", has_text="acct-1").get_by_role("button", name="Release").click()
+    expect(page.locator("#flash")).to_contain_text("released 2 parked event(s)")
+    table.locator("tr", has_text="acct-2").get_by_role("button", name="Discard").click()
+    expect(page.locator("#flash")).to_contain_text("discarded 2 parked event(s)")
+    # Then acct-1's events are applied once, in order; acct-2's given up; both keys free
+    effects = "SELECT event_id FROM {schema}.console_effects WHERE event_id = ANY(%s) ORDER BY seq"
+    wait_for(
+        lambda: rows(stack, effects, made.schema, kept[1:]) == [(i,) for i in kept[1:]],
+        60, "the released events applied",
+    )  # fmt: skip
+    assert rows(stack, effects, made.schema, given_up) == []
+    status = dict(rows(stack, "SELECT event_id, status FROM {schema}.processed_events"
+                       " WHERE event_id = ANY(%s)", made.schema, kept + given_up))  # fmt: skip
+    assert [status[i] for i in kept] == ["dead_lettered", "applied", "applied"]
+    assert [status[i] for i in given_up] == ["dead_lettered", "skipped", "skipped"]
+    blocked = "SELECT key FROM {schema}.parked_keys WHERE key = ANY(%s)"
+    assert rows(stack, blocked, made.schema, [b"acct-1", b"acct-2"]) == []
+    done = rows(stack, "SELECT action, outcome FROM {schema}.operator_decisions"
+                " WHERE target = 'parked key' ORDER BY id", made.schema)  # fmt: skip
+    assert done == [("release", "done"), ("discard", "done")]
 
 
 def test_a_read_only_console_shows_no_action_and_refuses_every_one(
