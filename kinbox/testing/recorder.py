@@ -27,6 +27,7 @@ from kinbox.core.steps import (
     CheckReused,
     Claim,
     DeadLetterRow,
+    Park,
     Program,
     Seen,
     Step,
@@ -83,6 +84,8 @@ class Ledger:
     """Records a committed transaction dead-lettered, with the reason it recorded."""
     reused: set[Coordinates] = field(default_factory=set)
     """Duplicates a committed transaction found reusing an id with another payload."""
+    parked: dict[Coordinates, str] = field(default_factory=dict)
+    """Records a committed transaction parked, with why (the dead letter they wait behind)."""
 
 
 @dataclass
@@ -93,6 +96,7 @@ class _Notes:
     fresh: list[Coordinates] = field(default_factory=list)
     dead_lettered: dict[Coordinates, str] = field(default_factory=dict)
     reused: set[Coordinates] = field(default_factory=set)
+    parked: dict[Coordinates, str] = field(default_factory=dict)
     fault: Fault | None = None
 
 
@@ -149,6 +153,14 @@ class RecordingStore:
                 notes.dead_lettered[coordinates(step.event)] = step.reason
             elif isinstance(step, CheckReused):
                 notes.reused.update(coordinates(sighting.event) for sighting in value)
+            elif isinstance(step, Park):
+                notes.parked.update(
+                    (
+                        (step.topic, p.partition, p.offset),
+                        f"parked: key waits behind {p.blocked_by}",
+                    )
+                    for p in step.parked
+                )
             return value
 
         def recording(tx: Seen) -> Steps[T]:
@@ -171,6 +183,7 @@ class RecordingStore:
         self.ledger.applied.update(notes.fresh)
         self.ledger.dead_lettered.update(notes.dead_lettered)
         self.ledger.reused.update(notes.reused)
+        self.ledger.parked.update(notes.parked)
         if notes.fault == "lost-commit":
             raise StoreError(
                 "injected: connection lost during COMMIT (the transaction did commit)",

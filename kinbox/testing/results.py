@@ -7,7 +7,7 @@ from typing import Literal
 
 from kinbox.core.record import Record
 
-Status = Literal["applied", "duplicate", "dead_lettered", "failed"]
+Status = Literal["applied", "duplicate", "dead_lettered", "parked", "failed"]
 """A delivery's verdict; see :attr:`DeliveryResult.status`."""
 
 
@@ -45,7 +45,9 @@ class DeliveryResult:
             record without a valid id), or ``None`` if it never got that far.
         status: ``applied`` (its handler's transaction committed),
             ``duplicate`` (the inbox had it already: no handler ran),
-            ``dead_lettered`` (given up, see :attr:`reason`), or ``failed``
+            ``dead_lettered`` (given up, see :attr:`reason`), ``parked``
+            (a handler with ``park_keys=True``: it waits behind an earlier
+            dead letter of its key, named in :attr:`reason`), or ``failed``
             (not settled when the client stopped trying: a database outage
             longer than ``outage_retries``, or ``missing_id=fail``; the real
             worker would hold the partition there).
@@ -86,6 +88,11 @@ class DeliveryResult:
     def dead_lettered(self) -> bool:
         """Whether it went to the dead-letter topic."""
         return self.status == "dead_lettered"
+
+    @property
+    def parked(self) -> bool:
+        """Whether it waits behind an earlier dead letter of its key (``park_keys=True``)."""
+        return self.status == "parked"
 
     @property
     def failed(self) -> bool:

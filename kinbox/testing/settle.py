@@ -126,6 +126,8 @@ class Settler:
             status, letter = "dead_lettered", letters.get(where)
             reason = _reason(letter) or ledger.dead_lettered[where]
             error = errors.get(where)
+        elif where in ledger.parked:
+            status, reason = "parked", ledger.parked[where]
         elif where in ledger.applied:
             status = "applied"
         elif unsettled:

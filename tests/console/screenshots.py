@@ -3,8 +3,9 @@
 Starts the local stack (or uses ``KINBOX_TEST_BOOTSTRAP`` and
 ``KINBOX_TEST_DATABASE_URL``), makes the tests' dead letters with a real
 worker, feeds it good events for a minute so the charts have a shape,
-parks an outbox row, replays one cause and discards a dead letter (so the
-decisions page has rows), and photographs each page in Chromium.
+parks an outbox row and a key of the inbox, replays one cause and discards
+a dead letter (so the decisions page has rows), and photographs each page
+in Chromium.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ def main() -> None:
     with local_stack() as stack:
         made = make_dead_letters(stack.bootstrap_servers, stack.database_url)
         park_outbox_row(stack.database_url, made.schema, "order-1842")
+        hold = Path(f"{made.broken}.hold")
+        hold.touch()  # the account's first posting is dead-lettered, the next two park
+        postings = [{"kind": "hold"}, {"kind": "good", "n": 1}, {"kind": "good", "n": 2}]
+        produce(stack.bootstrap_servers, made.topic, postings, key=b"account-77")
         console = start_console(
             stack.bootstrap_servers, stack.database_url, made.schema, "--allow-actions",
             "--trace-url", "http://localhost:16686/trace/{trace_id}",

@@ -140,6 +140,23 @@ def test_caused_by_links_each_enqueued_row_to_its_event(outbox_client: Client) -
     assert rows == [("evt-0", "o0"), ("evt-1", "o1")]
 
 
+def test_a_parking_handler_holds_an_accounts_later_postings_behind_its_dead_letter(
+    inbox_client: Client,
+) -> None:
+    client = inbox_client(app_of("failures.park_keys"))
+    client.execute("CREATE TABLE accounts (id text PRIMARY KEY, balance int NOT NULL)")
+    client.execute("INSERT INTO accounts VALUES ('a2', 0)")
+    postings = [("a1", 10), ("a2", 5), ("a1", -3), ("a2", 1)]  # account a1 does not exist yet
+    messages = [
+        Message("postings", {"account": a, "amount": n}, key=a, partition=0) for a, n in postings
+    ]
+
+    results = client.deliver_batch(messages)
+
+    assert [r.status for r in results] == ["dead_lettered", "applied", "parked", "applied"]
+    assert client.execute("SELECT id, balance FROM accounts") == [("a2", 6)]
+
+
 def test_dead_letter_and_retry_are_verdicts_the_handler_gives(inbox_client: Client) -> None:
     client = inbox_client(app_of("failures.verdicts"))
     client.execute(PROGRESS)
