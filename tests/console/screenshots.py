@@ -14,6 +14,7 @@ import argparse
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from playwright.sync_api import sync_playwright
 
@@ -62,7 +63,7 @@ def main() -> None:
         park_outbox_row(stack.database_url, made.schema, "order-1842")
         hold = Path(f"{made.broken}.hold")
         hold.touch()  # the account's first posting is dead-lettered, the next two park
-        postings = [{"kind": "hold"}, {"kind": "good", "n": 1}, {"kind": "good", "n": 2}]
+        postings: list[dict[str, Any]] = [{"kind": "hold"}, {"kind": "good", "n": 1}]
         produce(stack.bootstrap_servers, made.topic, postings, key=b"account-77")
         console = start_console(
             stack.bootstrap_servers, stack.database_url, made.schema, "--allow-actions",
