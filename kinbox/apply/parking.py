@@ -30,6 +30,8 @@ class Sorted:
     """Events of blocked keys, with the dead letter each waits behind."""
     released: list[Event] = field(default_factory=list)
     """Released parked events, let through (among :attr:`runnable`)."""
+    replayed: list[Event] = field(default_factory=list)
+    """Keys' dead letters, replayed, let through (among :attr:`runnable`)."""
 
 
 def keys_of(events: Sequence[Event]) -> set[bytes]:
@@ -41,22 +43,28 @@ def sort_out(events: Sequence[Event], states: Mapping[bytes, KeyState]) -> Sorte
     """Which of ``events`` (fresh, in offset order) run and which are parked.
 
     A released key whose released events have all come, with nothing of it
-    parked otherwise, is free for its events after them in the batch.
+    parked otherwise, is free for its events after them in the batch; so is
+    a key whose dead letter came back replayed with nothing parked behind it
+    (should it fail again, the pass holds the events after it).
     """
     out = Sorted()
     pending = {k: set(s.released_ids) for k, s in states.items() if s.released}
     late: set[bytes] = set()  # released keys with an event parked after the release began
+    cleared: set[bytes] = set()  # keys whose dead letter came back with nothing parked behind it
     for event in events:
         key = event.key
         state = None if key is None else states.get(key)
-        if key is None or state is None:
-            out.runnable.append(event)
+        if key is None or state is None or key in cleared:
+            out.runnable.append(event)  # (an event after a failed replay is held in the pass)
         elif event.id in state.released_ids:
             out.runnable.append(event)
             out.released.append(event)
             pending[key].discard(event.id)
         elif event.id == state.blocked_by and is_replay(event.headers):
             out.runnable.append(event)  # the dead letter itself, replayed
+            out.replayed.append(event)
+            if not (state.unreleased or state.released_ids):
+                cleared.add(key)
         elif state.released and not (state.unreleased or pending[key] or key in late):
             out.runnable.append(event)  # after its key's release: free
         else:
@@ -100,7 +108,12 @@ def park_step(
     waiting = [*sorted_.parked, *blocks.held]
     held_ids = {e.id for e, _ in blocks.held}
     unparked = [e.id for e in sorted_.released if e.id not in held_ids]
-    freed: Collection[bytes] = [k for k, s in states.items() if s.released]
+    # A released key, or one whose dead letter was replayed and applied, is
+    # free once nothing of it is parked (the store checks that).
+    # A key dead-lettered again here is blocked, never freed.
+    released = {k for k, s in states.items() if s.released}
+    applied = {e.key for e in sorted_.replayed if e.key is not None}
+    freed: Collection[bytes] = sorted((released | applied) - set(blocks.blockers))
     if not (waiting or blocks.blockers or unparked or freed):
         return None
     return Park(

@@ -81,7 +81,8 @@ class Park:
     unparked: Sequence[str] = ()
     """Released events that ran: their parked rows go."""
     freed: Collection[bytes] = ()
-    """Released keys to free, if none of their events is parked any more."""
+    """Keys to free (released, or their dead letter applied), if none of their
+    events is parked any more."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,7 +124,7 @@ _UNPARK = (
 )
 _FREE = (
     "DELETE FROM {0}.parked_keys k"
-    " WHERE k.consumer = %s AND k.topic = %s AND k.key = ANY(%s::bytea[]) AND k.released"
+    " WHERE k.consumer = %s AND k.topic = %s AND k.key = ANY(%s::bytea[])"
     " AND NOT EXISTS (SELECT FROM {0}.parked_events e"
     " WHERE e.consumer = k.consumer AND e.topic = k.topic AND e.key = k.key)"
     " RETURNING key"
@@ -171,7 +171,7 @@ class InboxStatements:
     unpark: bytes
     """Drops parked records (consumer, ids)."""
     free: bytes
-    """Frees released keys with nothing parked any more (consumer, topic, keys)."""
+    """Frees keys with nothing parked any more (consumer, topic, keys)."""
 
     @classmethod
     def of(cls, schema: str) -> InboxStatements:

@@ -184,7 +184,7 @@ class FakeTransaction(AwaitsAlone):
         for key in step.freed:
             row = store.parked_keys.get((topic, key))
             left = any(t == topic and p.key == key for t, p, _, _ in store.parked_events.values())
-            if row is not None and row[1] and not left:
+            if row is not None and not left:
                 del store.parked_keys[(topic, key)]
 
     def check_deferred(self) -> None:

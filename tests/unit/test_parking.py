@@ -168,3 +168,44 @@ def test_without_park_keys_a_dead_letter_holds_nothing_back() -> None:
 def test_park_keys_must_be_a_bool() -> None:
     with pytest.raises(ConfigurationError, match="park_keys"):
         App().handler(TOPIC, park_keys="yes")  # type: ignore[arg-type]
+
+
+def test_a_dead_letter_replayed_and_applied_with_nothing_parked_frees_its_key() -> None:
+    orders = Orders()
+    orders.poison = {"a1"}
+    orders.processor.process([keyed(0, "a1", "k")])
+    assert orders.store.parked_keys == {(TOPIC, b"k"): ("a1", False)}
+    # When the dead letter is replayed (no release: nothing waits) and applies
+    orders.poison = set()
+    replayed = keyed(1, "a1", "k")._replace(
+        headers=[("event-id", b"a1"), (REPLAY_HEADER, b"orders/0/0")]
+    )
+    orders.processor.process([replayed, keyed(2, "a2", "k")])
+    # Then the key is free at once: a2, after it, is applied too
+    assert orders.applied == ["a1", "a2"]
+    assert orders.store.parked_keys == {}
+
+
+def test_a_released_key_whose_last_event_fails_stays_blocked() -> None:
+    orders = Orders()
+    orders.poison = {"a1"}
+    orders.processor.process([keyed(0, "a1", "k"), keyed(1, "a2", "k")])
+    orders.poison = {"a2"}
+    parked = orders.store.release(TOPIC, b"k")
+    orders.processor.process(released(parked, 2))
+    assert orders.store.parked_keys == {(TOPIC, b"k"): ("a2", False)}
+    orders.processor.process([keyed(3, "a3", "k")])
+    assert orders.parked() == ["a3"] and orders.applied == []
+
+
+def test_a_replayed_dead_letter_that_fails_again_holds_the_events_after_it() -> None:
+    orders = Orders()
+    orders.poison = {"a1"}
+    orders.processor.process([keyed(0, "a1", "k")])
+    replayed = keyed(1, "a1", "k")._replace(
+        headers=[("event-id", b"a1"), (REPLAY_HEADER, b"orders/0/0")]
+    )
+    orders.processor.process([replayed, keyed(2, "a2", "k"), keyed(3, "b1", "j")])
+    assert orders.applied == ["b1"]
+    assert orders.parked() == ["a2"]
+    assert orders.store.parked_keys == {(TOPIC, b"k"): ("a1", False)}
