@@ -155,9 +155,11 @@ def _group(group: GroupStatus, window: str, seconds: float) -> list[str]:
     )
     lines.append(f"  processed in the last {window}: {done or 'nothing'}")
     skipped = group.verdicts.get("skipped")
+    parked = group.verdicts.get("parked")
     lines.append(
         f"  dead-lettered {group.dead_letters:,} in all"
         + (f", skipped {skipped.rows:,}" if skipped else "")
+        + (f", parked {parked.rows:,} (kinbox dlq parked)" if parked else "")
     )
     return lines
 

@@ -48,7 +48,7 @@ class GroupStatus:
     window: dict[str, Counted] = field(default_factory=dict)
     """Rows per status processed within the window."""
     verdicts: dict[str, Counted] = field(default_factory=dict)
-    """All ``dead_lettered`` and ``skipped`` rows, per status."""
+    """All ``dead_lettered``, ``skipped`` and ``parked`` rows, per status."""
 
     def as_dict(self, window: timedelta) -> dict[str, Any]:
         """JSON-ready form."""
@@ -76,6 +76,7 @@ class GroupStatus:
             },
             "dead_lettered": self.dead_letters,
             "skipped": self.verdicts.get("skipped", Counted(0, None)).rows,
+            "parked": self.verdicts.get("parked", Counted(0, None)).rows,
         }
 
     @property

@@ -188,7 +188,7 @@ class InboxReader:
         return self._counted(_ACTIVITY, (groups, window))
 
     def verdicts(self, groups: list[str]) -> dict[str, dict[str, Counted]]:
-        """Per group: all its ``dead_lettered`` and ``skipped`` rows."""
+        """Per group: all its rows that are not ``applied``, per status."""
         return self._counted(_VERDICTS, (groups,))
 
     def _counted(self, query: str, params: tuple[Any, ...]) -> dict[str, dict[str, Counted]]:
