@@ -16,6 +16,12 @@ Behaviour, by environment variable:
     above 0: the handler is registered in key order (``ordering="key"``),
     applying that many keys at once.
 
+``FAULT_PARK_KEYS`` / ``FAULT_HOLD_EVERY`` / ``FAULT_HOLD_FILE``
+    ``FAULT_PARK_KEYS`` set: the handler parks keys (``park_keys=True``).
+    Every ``FAULT_HOLD_EVERY``-th event (by sequence number) is dead-lettered
+    at once (``DeadLetter``) while the file ``FAULT_HOLD_FILE`` exists, and
+    applied once it is gone (the fix deployed, its dead letter replayed).
+
 ``FAULT_SLEEP``
     seconds the handler sleeps per event *inside* the transaction (stretches
     batches so a signal or a fault lands mid-batch).
@@ -90,7 +96,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from kinbox import App, Event
+from kinbox import App, DeadLetter, Event
 from kinbox.core.record import Record
 from kinbox.middleware.base import WorkerInfo
 from tests.support.worker_log import BatchLog, header_id, process_log, stacks_on_sigusr1
@@ -114,6 +120,9 @@ HOOK_FAIL_IDS = frozenset(filter(None, os.environ.get("FAULT_HOOK_FAIL_IDS", "")
 STOP_HOLDS_GIL = bool(os.environ.get("FAULT_STOP_HOLDS_GIL"))
 HANDLER = os.environ.get("FAULT_HANDLER", "sync")
 KEY_CONCURRENCY = int(os.environ.get("FAULT_KEY_CONCURRENCY") or "0")
+PARK_KEYS = bool(os.environ.get("FAULT_PARK_KEYS"))
+HOLD_EVERY = int(os.environ.get("FAULT_HOLD_EVERY") or "0")
+HOLD_FILE = os.environ.get("FAULT_HOLD_FILE", "")
 
 VALUES_DDL = (
     "CREATE TABLE {0}.{1} (event_id text, short varchar(8), n integer, note text, big text,"
@@ -200,9 +209,9 @@ async def apply_effect_async(event: Event, tx: AsyncConnection[Any]) -> None:
 
 _handler = apply_effect_async if HANDLER == "async" else apply_effect
 if KEY_CONCURRENCY:
-    app.handler(TOPIC, ordering="key", concurrency=KEY_CONCURRENCY)(_handler)
+    app.handler(TOPIC, ordering="key", concurrency=KEY_CONCURRENCY, park_keys=PARK_KEYS)(_handler)
 else:
-    app.handler(TOPIC)(_handler)
+    app.handler(TOPIC, park_keys=PARK_KEYS)(_handler)
 
 
 def _log_call(event: Event) -> None:
@@ -213,6 +222,8 @@ def _writes(event: Event) -> list[tuple[sql.Composed, tuple[Any, ...]]]:
     """The statements of ``event``'s effect, or the failure injected for it."""
     if BROKEN_UNLESS and not os.path.exists(BROKEN_UNLESS):
         raise BrokenDeployError(f"bad deploy: {event.id} fails like every event")
+    if HOLD_EVERY and _every(event.id, HOLD_EVERY) and os.path.exists(HOLD_FILE):
+        raise DeadLetter(f"held: {event.id} waits for the fix")
     if POISON_EVERY and _every(event.id, POISON_EVERY):
         raise PoisonError(f"injected poison: {event.id} can never be applied")
     if FAIL_TIMES and event.attempt <= FAIL_TIMES and _every(event.id, FAIL_EVERY):

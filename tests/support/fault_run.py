@@ -50,6 +50,8 @@ class Run:
     """Event ids this round must end with dead-lettered (invariant 5), and only these."""
     dead_letter_copies: int = 1
     """Most copies of one dead letter the topic may hold (2 where a crash repeats a flush)."""
+    replayed: frozenset[str] = frozenset()
+    """Event ids whose dead letters this round replayed (applied since; letters kept)."""
 
     def produce(self, count: int | None = None, duplicates: int = 0, keys: int = 0) -> Produced:
         """Write this round's events (ids ``<group>-ev-<n>``), ``duplicates`` repeats mixed in.
@@ -154,6 +156,7 @@ class Run:
         assert_invariants(
             self.outcome, self.produced, self.factory, violations,
             expect_dead=self.expect_dead, dead_letter_copies=self.dead_letter_copies,
+            replayed=self.replayed,
         )  # fmt: skip
         return self.outcome
 
