@@ -32,11 +32,17 @@ _DELETE_PROCESSED = (
     " SELECT ctid FROM {table} WHERE " + _OLDER + " ORDER BY processed_at LIMIT %(batch)s)"
 )
 _COUNT_PROCESSED = "SELECT consumer, count(*) FROM {table} WHERE " + _OLDER + " GROUP BY consumer"
+# The sightings of reused ids (kinbox explain) age with the rows they were
+# compared against: once those are gone, nothing explains them any more.
+_DELETE_REUSED = (
+    "DELETE FROM {table} WHERE seen_at < now() - %(age)s"
+    " AND (%(groups)s::text[] IS NULL OR consumer = ANY(%(groups)s::text[]))"
+)
 
 
-def _table(schema: str) -> sql.Composed:
-    return sql.SQL("{}.processed_events").format(
-        sql.Identifier(sql_identifier(schema, setting="schema"))
+def _table(schema: str, name: str = "processed_events") -> sql.Composed:
+    return sql.SQL("{}.{}").format(
+        sql.Identifier(sql_identifier(schema, setting="schema")), sql.Identifier(name)
     )
 
 
@@ -54,7 +60,8 @@ def delete_processed(
     ``older_than`` must exceed the longest time a record can still be
     redelivered (topic retention, consumer lag, replays): a redelivery that
     finds its row gone is applied again. ``groups`` limits it to those
-    consumer groups' rows.
+    consumer groups' rows. The ``reused_event_ids`` sightings as old go too
+    (not counted in the result).
 
     Returns:
         The number of rows deleted.
@@ -73,6 +80,9 @@ def delete_processed(
                 total += deleted
                 if deleted < batch:
                     break
+            if not should_stop():
+                reused = sql.SQL(_DELETE_REUSED).format(table=_table(schema, "reused_event_ids"))
+                conn.execute(reused, params)
     except psycopg.Error as exc:
         raise translate(exc) from exc
     return total

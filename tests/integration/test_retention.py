@@ -38,6 +38,29 @@ def rows_aged(db: Conn, schema: str, group: str, topic: str, days: Sequence[floa
         )
 
 
+def sightings_aged(db: Conn, schema: str, group: str, days: Sequence[float]) -> None:
+    """One reused_event_ids sighting of ``group`` per entry, seen that many days ago."""
+    for n, age in enumerate(days):
+        db.execute(
+            sql.SQL(
+                'INSERT INTO {}.reused_event_ids (consumer, event_id, topic, partition, "offset",'
+                " payload_hash, first_topic, first_partition, first_offset, first_payload_hash,"
+                " seen_at) VALUES (%s, %s, 't', 0, %s, 1, 't', 0, 0, 2,"
+                " now() - make_interval(secs => %s))"
+            ).format(sql.Identifier(schema)),
+            (group, f"{group}-{n}", n, age * 86400),
+        )
+
+
+def sightings(db: Conn, schema: str, group: str) -> int:
+    query = sql.SQL("SELECT count(*) FROM {}.reused_event_ids WHERE consumer = %s").format(
+        sql.Identifier(schema)
+    )
+    row = db.execute(query, (group,)).fetchone()
+    assert row is not None
+    return int(str(row[0]))
+
+
 def left(db: Conn, schema: str, group: str) -> int:
     query = sql.SQL("SELECT count(*) FROM {}.processed_events WHERE consumer = %s").format(
         sql.Identifier(schema)
@@ -88,6 +111,7 @@ def test_the_topics_retention_is_kept_and_infinite_retention_only_forced(
         commit(stack.bootstrap_servers, f"g-{topic}", topic, 2)
     rows_aged(db, schema, f"g-{two_days}", two_days, [0.5, 1.5, 2.5, 4])
     rows_aged(db, schema, f"g-{forever}", forever, [10, 400])
+    sightings_aged(db, schema, f"g-{two_days}", [1, 4])
     short = ["--group", f"g-{two_days}"]
 
     # When asked to delete rows older than 1 day: refused, nothing deleted
@@ -106,6 +130,7 @@ def test_the_topics_retention_is_kept_and_infinite_retention_only_forced(
     assert done.returncode == 0, done.stderr
     assert "deleted 1 processed_events row(s) older than 3d" in done.stdout
     assert left(db, schema, f"g-{two_days}") == 3
+    assert sightings(db, schema, f"g-{two_days}") == 1  # the reused-id sighting as old went too
 
     # Then a topic kept forever refuses every age, and --force says what it risks
     endless = ["--group", f"g-{forever}"]
