@@ -90,7 +90,7 @@ class AsyncTransaction:
     its judgement of what a handler raised.
     """
 
-    __slots__ = ("_conn", "_consumer", "_sql")
+    __slots__ = ("_claimed", "_conn", "_consumer", "_sql")
 
     def __init__(
         self, conn: psycopg.AsyncConnection[Any], consumer: str, sql: InboxStatements
@@ -98,6 +98,7 @@ class AsyncTransaction:
         self._conn = conn
         self._consumer = consumer
         self._sql = sql
+        self._claimed: shared.ClaimPlan | None = None  # what reused() need not ask again
 
     @property
     def connection(self) -> psycopg.AsyncConnection[Any]:
@@ -106,11 +107,15 @@ class AsyncTransaction:
 
     async def claim(self, events: Sequence[Event], reclaim: Collection[str]) -> list[Event]:
         """See :meth:`~kinbox.core.inbox.InboxTransaction.claim`."""
-        return await self._planned(shared.ClaimPlan(self._sql, self._consumer, events, reclaim))
+        plan = self._claimed = shared.ClaimPlan(self._sql, self._consumer, events, reclaim)
+        return await self._planned(plan)
 
     async def reused(self, events: Sequence[Event]) -> list[Sighting]:
         """See :meth:`~kinbox.core.inbox.InboxTransaction.reused`."""
-        return await self._planned(shared.ReusedPlan(self._sql, self._consumer, events))
+        found, rest = shared.reuses_left(self._claimed, events)
+        if rest:
+            found += await self._planned(shared.ReusedPlan(self._sql, self._consumer, rest))
+        return shared.in_order(found, events)
 
     async def parking_state(self, topic: str, keys: Collection[bytes]) -> dict[bytes, KeyState]:
         """See :meth:`~kinbox.core.inbox.InboxTransaction.parking_state`."""

@@ -46,8 +46,10 @@ from kinbox.store.transaction import (
     after_pipeline,
     conflict,
     dead_letter,
+    in_order,
     outage,
     raise_if_aborted,
+    reuses_left,
     unsendable,
 )
 
@@ -179,16 +181,21 @@ class _PostgresTransaction:
         self._consumer = consumer
         self._store = store
         self._unguarded = _Unguarded(conn)
+        self._claimed: ClaimPlan | None = None  # what reused() need not ask again
 
     @property
     def connection(self) -> Any:
         return self._conn
 
     def claim(self, events: Sequence[Event], reclaim: Collection[str] = ()) -> list[Event]:
-        return self._planned(ClaimPlan(self._store._sql, self._consumer, events, reclaim))
+        plan = self._claimed = ClaimPlan(self._store._sql, self._consumer, events, reclaim)
+        return self._planned(plan)
 
     def reused(self, events: Sequence[Event]) -> list[Sighting]:
-        return self._planned(ReusedPlan(self._store._sql, self._consumer, events))
+        found, rest = reuses_left(self._claimed, events)
+        if rest:
+            found += self._planned(ReusedPlan(self._store._sql, self._consumer, rest))
+        return in_order(found, events)
 
     def parking_state(self, topic: str, keys: Collection[bytes]) -> dict[bytes, KeyState]:
         return self._planned(ParkingStatePlan(self._store._sql, self._consumer, topic, keys))

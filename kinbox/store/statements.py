@@ -36,7 +36,39 @@ _INSERT = (
     " ORDER BY c.event_id"
     " ON CONFLICT (consumer, event_id) "
 )
-_CLAIM = _INSERT + "DO NOTHING RETURNING event_id"
+# The plain claim also finds, in the same statement, which duplicates reuse
+# an id with another payload (kinbox.core.reuse): it looks each id up once
+# (one primary-key probe: the LATERAL ... LIMIT 1 keeps the plan a nested
+# loop, as the skim's look-up), inserts only those it did not find, and
+# records the found ones whose digest differs in reused_event_ids. A
+# replay's duplicates thus cost one probe each, as a bare ON CONFLICT DO
+# NOTHING would, not a second statement. The look-up reads the statement's
+# snapshot; a row another transaction inserts meanwhile is met by the
+# INSERT's ON CONFLICT as before (waited for, then dropped), only not
+# compared. Rows: each claimed id with NULLs, then each sighting recorded.
+_CLAIM = (
+    "WITH c AS (SELECT * FROM unnest(%(ids)s::text[], %(offsets)s::bigint[], %(traces)s::text[],"
+    " %(hashes)s::bigint[]) AS c(event_id, off, trace_id, hash)),"
+    " looked AS MATERIALIZED (SELECT c.event_id, c.off, c.trace_id, c.hash, p.topic, p.partition,"
+    ' p."offset", p.payload_hash, p.topic IS NOT NULL AS known FROM c LEFT JOIN LATERAL'
+    ' (SELECT q.topic, q.partition, q."offset", q.payload_hash FROM {0}.processed_events q'
+    " WHERE q.consumer = %(consumer)s AND q.event_id = c.event_id LIMIT 1) AS p ON true),"
+    " claimed AS (INSERT INTO {0}.processed_events"
+    ' (consumer, event_id, status, topic, partition, "offset", trace_id, payload_hash)'
+    " SELECT %(consumer)s, l.event_id, 'applied', %(topic)s, %(partition)s, l.off, l.trace_id,"
+    " l.hash FROM looked l WHERE NOT l.known ORDER BY l.event_id"
+    " ON CONFLICT (consumer, event_id) DO NOTHING RETURNING event_id),"
+    " seen AS (INSERT INTO {0}.reused_event_ids"
+    ' (consumer, event_id, topic, partition, "offset", payload_hash,'
+    " first_topic, first_partition, first_offset, first_payload_hash)"
+    " SELECT %(consumer)s, l.event_id, %(topic)s, %(partition)s, l.off, l.hash, l.topic,"
+    ' l.partition, l."offset", l.payload_hash FROM looked l'
+    " WHERE l.known AND l.payload_hash <> l.hash ORDER BY l.event_id, l.off"
+    ' ON CONFLICT DO NOTHING RETURNING event_id, "offset", first_topic, first_partition,'
+    " first_offset)"
+    " SELECT event_id, NULL::bigint, NULL::text, NULL::integer, NULL::bigint FROM claimed"
+    ' UNION ALL SELECT event_id, "offset", first_topic, first_partition, first_offset FROM seen'
+)
 # The same claim for replayed records, except that a dead-lettered row (or a
 # parked one, re-published on its key's release) may be taken over: the row
 # lock the UPDATE takes serialises two deliveries of the replay exactly like
@@ -140,15 +172,16 @@ Retroactive, and it keeps later statements immediate."""
 class InboxStatements:
     """The statements of one schema's inbox, rendered to bytes.
 
-    Parameters, in order: ``claim`` and ``reclaim`` take the consumer, topic,
-    partition and four array literals (ids, offsets, trace ids, payload
-    digests); ``reused`` the topic, partition, three array literals (ids,
-    offsets, digests) and the consumer; ``known`` an array literal of ids and
+    Parameters: ``claim`` takes them by name (consumer, topic, partition,
+    ids, offsets, traces, hashes: the last four array literals); in order,
+    ``reclaim`` takes the consumer, topic, partition and those four arrays;
+    ``reused`` the topic, partition, three array literals (ids, offsets,
+    digests) and the consumer; ``known`` an array literal of ids and
     the consumer; ``dead_letter`` the reason, the consumer and the id.
     """
 
     claim: bytes
-    """Records fresh ids as ``applied``; returns those it inserted."""
+    """Records fresh ids as ``applied``, and reused ids among the others; returns both."""
     reclaim: bytes
     """:attr:`claim` for replayed records: a ``dead_lettered`` row is taken over too."""
     reused: bytes

@@ -28,8 +28,8 @@ from kinbox.store.statements import InboxStatements
 _INERROR = psycopg.pq.TransactionStatus.INERROR
 _PIPELINE_ABORTED = psycopg.pq.PipelineStatus.ABORTED
 
-Statement = tuple[bytes, tuple[Any, ...]]
-"""A statement and its parameters."""
+Statement = tuple[bytes, tuple[Any, ...] | dict[str, Any]]
+"""A statement and its parameters (by position, or by name)."""
 
 R_co = TypeVar("R_co", covariant=True)
 
@@ -47,14 +47,17 @@ class Plan(Protocol[R_co]):
 
 
 class ClaimPlan:
-    """The statements of one claim, and which of its events the answers make fresh.
+    """The statements of one claim, which of its events the answers make fresh, which reused.
 
     One statement per partition of each group (plain, replayed), so topic and
     partition are plain parameters. Duplicates within ``events`` are dropped
-    first: the first occurrence of an id wins.
+    first: the first occurrence of an id wins. The plain claim also records
+    the duplicates it found whose payload differs (:attr:`sightings`); those
+    it compared are :attr:`compared`, so a later :class:`ReusedPlan` need only
+    look at the others (a repeat within the batch, a replayed record).
     """
 
-    __slots__ = ("_unique", "fresh", "statements")
+    __slots__ = ("_by_id", "_events", "_unique", "fresh", "sightings", "statements")
 
     def __init__(
         self,
@@ -67,20 +70,43 @@ class ClaimPlan:
         plain = [e for e in self._unique if e.id not in reclaim]
         replayed = [e for e in self._unique if e.id in reclaim]
         self.statements: list[Statement] = [
-            (statement, params)
-            for statement, group in ((sql.claim, plain), (sql.reclaim, replayed))
-            for params in _by_partition(consumer, group)
+            *((sql.claim, named) for named in _named(consumer, plain)),
+            *((sql.reclaim, params) for params in _by_partition(consumer, replayed)),
         ]
         """What to run, in order; each returns the ids it claimed (:meth:`take`)."""
+        self._events = {(e.topic, e.partition, e.offset): e for e in plain}
+        self._by_id = {e.id: e for e in plain}
         self.fresh: set[str] = set()
+        self.sightings: list[Sighting] = []
+        """The reused ids the plain claim recorded."""
 
     def take(self, rows: Sequence[Sequence[Any]]) -> None:
-        """One statement's rows: ids it claimed."""
-        self.fresh.update(row[0] for row in rows)
+        """One statement's rows: ids it claimed, and (the plain claim) sightings recorded."""
+        for row in rows:
+            if len(row) == 1 or row[1] is None:
+                self.fresh.add(row[0])
+            else:  # ids are unique among the plain events (first occurrences)
+                self.sightings.append(Sighting(self._by_id[row[0]], row[2], row[3], row[4]))
+
+    @property
+    def compared(self) -> set[tuple[str, int, int]]:
+        """The positions of the plain claim's events it did not claim: compared (or raced)."""
+        return {p for p, e in self._events.items() if e.id not in self.fresh}
 
     def result(self) -> list[Event]:
         """The fresh events, in the order given."""
         return [e for e in self._unique if e.id in self.fresh]
+
+
+def _named(consumer: str, events: Sequence[Event]) -> list[dict[str, Any]]:
+    """The plain claim's parameters for each partition of ``events``."""
+    return [
+        {
+            "consumer": consumer, "topic": topic, "partition": partition,
+            "ids": ids, "offsets": offsets, "traces": traces, "hashes": hashes,
+        }
+        for _, topic, partition, ids, offsets, traces, hashes in _by_partition(consumer, events)
+    ]  # fmt: skip
 
 
 def _by_partition(consumer: str, events: Sequence[Event]) -> list[tuple[Any, ...]]:
@@ -105,6 +131,32 @@ def _partitions(events: Sequence[Event]) -> dict[tuple[str, int], list[Event]]:
     for event in events:
         partitions.setdefault((event.topic, event.partition), []).append(event)
     return partitions
+
+
+def reuses_left(
+    claimed: ClaimPlan | None, events: Sequence[Event]
+) -> tuple[list[Sighting], list[Event]]:
+    """Of ``events`` (duplicates the claim dropped): the sightings the claim recorded, the rest.
+
+    The rest are those the claim did not compare, which a :class:`ReusedPlan`
+    must: a repeat within the batch, a replayed record.
+    """
+    if claimed is None:
+        return [], list(events)
+    compared = claimed.compared
+    asked = {(e.topic, e.partition, e.offset) for e in events}
+    found = [
+        s for s in claimed.sightings if (s.event.topic, s.event.partition, s.event.offset) in asked
+    ]
+    return found, [e for e in events if (e.topic, e.partition, e.offset) not in compared]
+
+
+def in_order(sightings: list[Sighting], events: Sequence[Event]) -> list[Sighting]:
+    """``sightings`` in the order of ``events``."""
+    order = {(e.topic, e.partition, e.offset): i for i, e in enumerate(events)}
+    return sorted(
+        sightings, key=lambda s: order[(s.event.topic, s.event.partition, s.event.offset)]
+    )
 
 
 class ReusedPlan:
