@@ -77,7 +77,7 @@ def run(ctx: Context, job: Job) -> RunResult:
     result.rate = _rate(rows)
     notes = result.notes
     notes.update(
-        rate_by_offsets=progress.rate(), sleep_ms=SLEEP_S * 1000, keys=ctx.sizes.slow_keys,
+        sleep_ms=SLEEP_S * 1000, keys=ctx.sizes.slow_keys,
         concurrency=1 if job.contender.name == PARTITION else ctx.sizes.key_concurrency,
     )  # fmt: skip
     if span is not None:
