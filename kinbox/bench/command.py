@@ -180,6 +180,18 @@ def new_prefix() -> str:
 @click.option("--backlog-events", type=click.IntRange(10), help="1 KB events for 'memory'.")
 @click.option("--outbox-rows", type=click.IntRange(10), help="The relay's backlog.")
 @click.option(
+    "--slow-events",
+    type=click.IntRange(10),
+    help="Records of 'slow-keys' (one partition, a 5 ms database wait per record).",
+)
+@click.option("--slow-keys", type=click.IntRange(1), help="Distinct record keys of 'slow-keys'.")
+@click.option(
+    "--key-concurrency",
+    type=click.IntRange(1, 256),
+    help="'slow-keys': keys applied at once by kinbox's key order and parallel-consumer "
+    "(its maxConcurrency); default 16.",
+)
+@click.option(
     "--event-ids",
     type=click.Choice(EVENT_IDS),
     help="The events' ids: random (version-4 UUIDs, the default: the inbox's costly case) "
@@ -230,9 +242,12 @@ def bench(
     Runs kinbox (per-event, batch, and with the inbox off), the article's
     per-event design, FastStream with a hand-written inbox, and a hand-written
     set-based consumer over the same events, and the outbox relay beside
-    Debezium (with --connect-url), checks every run's effects (exactly once,
-    or at least once where that is all a contender promises) and prints
-    events/s, latency, duplicates, peak RSS and the ratios between them.
+    Debezium (with --connect-url); in 'slow-keys' (5 ms handlers, one
+    partition, many keys) kinbox in partition and in key order beside
+    Confluent's parallel-consumer (Java: needs mvn and a JDK). It checks
+    every run's effects (exactly once, or at least once where that is all a
+    contender promises) and prints events/s, latency, duplicates, peak RSS,
+    CPU per event and the ratios between them.
     Everything it creates is named PREFIX... and removed at the end, also
     on Ctrl-C. Exit status: 0 all runs passed, 1 a run failed its check,
     130 interrupted.

@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import KafkaException
 
-from kinbox.bench import cdc, loaded, outbox, outside, runs, workload
+from kinbox.bench import cdc, loaded, outbox, outside, runs, slowkeys, workload
 from kinbox.bench.contenders import Contender
 from kinbox.bench.context import Context
 from kinbox.bench.progress import Bar
@@ -109,12 +109,11 @@ class Harness:
         self.outcome = BenchResult()
         self.contenders: list[Contender] = []
         for contender in contenders:
-            if contender.available():
+            missing = contender.missing()
+            if missing is None:
                 self.contenders.append(contender)
             else:
-                self.outcome.skipped.append(
-                    f"{contender.name}: needs {contender.needs} (pip install 'kinbox[bench]')"
-                )
+                self.outcome.skipped.append(f"{contender.name}: {missing}")
         self.namespace = Namespace(target)
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="kinbox-bench-"))
         planned = plan_size(
@@ -140,6 +139,8 @@ class Harness:
         from producer_outbox.schema import OUTBOX
 
         apply_migrations(self.target.database_url, self.namespace.schema(), [INBOX, OUTBOX])
+        for note in self.outcome.skipped:
+            self._say(f"skipped: {note}")
         try:
             for index, scenario in enumerate(self.scenarios):
                 self._scenario(index, scenario)
@@ -262,6 +263,8 @@ class Harness:
             return loaded.large(self.ctx, job, events, seed=seed)
         if scenario.kind == "drain":
             return outside.drain(self.ctx, job)
+        if scenario.kind == "slowkeys":
+            return slowkeys.run(self.ctx, job)
         return runs.steady(self.ctx, job)
 
     def _stages(
@@ -270,6 +273,9 @@ class Harness:
         """Produce the scenario's topics (one per contender scale); map contender → stage."""
         if scenario.kind == "large":
             return {}  # a topic per run, made by the run
+        if scenario.kind == "slowkeys":
+            shared = slowkeys.stage(self.ctx, scenario.name, seed=index)
+            return {c.name: shared for c in runners}
         sizes = {
             c.name: self.sizes.backlog_events
             if scenario.pad

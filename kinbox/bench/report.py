@@ -19,7 +19,7 @@ import confluent_kafka
 import psycopg
 from psycopg import sql
 
-from kinbox.bench import outside_report
+from kinbox.bench import outside_report, slowkeys
 from kinbox.bench.contenders import BY_NAME as CONTENDERS
 from kinbox.bench.harness import BenchResult
 from kinbox.bench.results import Summary, find, summarise
@@ -142,6 +142,7 @@ def headline(summaries: Sequence[Summary]) -> dict[str, float | None]:
         "worker_peak_rss_mb_any": _mb(max(rss, default=0)),
         "relay_peak_rss_mb": _mb(get("outbox", "relay-backlog", "peak_rss") or 0),
         **outside_report.headline(summaries),
+        **slowkeys.headline(summaries),
     }  # fmt: skip
 
 

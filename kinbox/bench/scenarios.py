@@ -35,6 +35,14 @@ outbox     the outbox relay: a backlog's throughput, and commit → consumer
            latency woken by LISTEN/NOTIFY and by polling only; then the same
            table published by Debezium (CDC) through Kafka Connect, when the
            target has a Connect URL.
+slow-keys  handlers that wait on the database: 10,000 records in ONE
+           partition over 1,000 keys, each handler running
+           ``SELECT pg_sleep(0.005)`` and its effect INSERT in its
+           transaction. kinbox in partition order, kinbox in key order
+           (``ordering="key"``, 16 keys at once) and Confluent's
+           parallel-consumer 0.5.3.2 in KEY order (``maxConcurrency`` 16,
+           a JDBC connection each, at-least-once); rate and CPU per event
+           (:mod:`kinbox.bench.slowkeys`).
 ========== ===================================================================
 
 Which contenders: every one but the streaming hand-written inbox runs the
@@ -43,19 +51,21 @@ slow down in ``large``; ``latency`` and ``drain`` set kinbox's per-event and
 batch handlers beside the streaming hand-written inbox (what a team would
 deploy instead); ``memory`` compares kinbox with the ceiling only (the slow
 contenders would take minutes); ``outbox`` is the relay's and Debezium's —
-none of the consumers has one.
+none of the consumers has one; ``slow-keys`` has contenders of its own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kinbox.bench.contenders import CONTENDERS, HAND
+from kinbox.bench.contenders import CONTENDERS, HAND, SLOW
 
 AWAITED = ("kinbox-each-async", "kinbox-batch-async")
 """kinbox's ``async def`` handlers: run in the clean scenario only, beside their sync twins."""
 
-ALL = tuple(c.name for c in CONTENDERS if c.name != HAND and c.name not in AWAITED)
+ALL = tuple(
+    c.name for c in CONTENDERS if c.name != HAND and c.name not in AWAITED and c.name not in SLOW
+)
 """The contenders of the scenarios run inside the harness."""
 
 OUTSIDE = ("kinbox-each", "kinbox-batch", HAND)
@@ -113,6 +123,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "outbox", "outbox: relay and Debezium (CDC)", "outbox",
         contenders=OUTBOX_CONTENDERS, repeat=1,
+    ),
+    Scenario(
+        "slow-keys", "5 ms handlers, 1 partition, many keys", "slowkeys", contenders=SLOW,
+        repeat=1,
     ),
 )  # fmt: skip
 """Every scenario, in report order."""

@@ -123,6 +123,13 @@ class Sizes:
     outbox_trigger_statements: int = 2_000
     """INSERTs timed with and without the outbox's NOTIFY trigger (single-row; a tenth of
     them of 100 rows each)."""
+    slow_events: int = 10_000
+    """The slow-keys scenario's records, all in one partition."""
+    slow_keys: int = 1_000
+    """Distinct record keys among them."""
+    key_concurrency: int = 16
+    """Keys applied at once in slow-keys: kinbox's ``concurrency``, parallel-consumer's
+    ``maxConcurrency`` (each with a database connection per key in flight)."""
     min_events: int = 60
     """No run gets fewer events than this, whatever a contender's scale."""
     event_ids: str = "random"
@@ -154,7 +161,8 @@ class Sizes:
             events=300, repeat=1, kills=2, large_rows=20_000, latency_rates=(200, 400),
             latency_seconds=2.0, latency_window=1.0, stage_every=1, backlog_events=600,
             outbox_rows=300, outbox_samples=5, outbox_polling_samples=5, outbox_sql_rate=10.0,
-            outbox_sql_seconds=0.5, outbox_trigger_statements=20, min_events=30,
+            outbox_sql_seconds=0.5, outbox_trigger_statements=20, slow_events=200,
+            slow_keys=20, min_events=30,
         )  # fmt: skip
 
     def long(self) -> Sizes:
@@ -181,6 +189,8 @@ class ChildSpec:
     table: str
     kafka: dict[str, str] = field(default_factory=dict)
     """librdkafka properties for the consumer (``-X``, static membership...)."""
+    extra: dict[str, str] = field(default_factory=dict)
+    """A scenario's own orders (slow-keys: the handler's wait, the key concurrency...)."""
 
     ENV = "KINBOX_BENCH_SPEC"
 

@@ -131,6 +131,7 @@ def produce(
     rate: float | None = None,
     linger_ms: int = 20,
     appended: dict[tuple[int, int], float] | None = None,
+    keys: int = 97,
 ) -> dict[int, int]:
     """Produce ``work`` to ``topic``; return the end offset of each partition.
 
@@ -146,6 +147,7 @@ def produce(
             epoch`` the broker appended each record at, on the broker's
             clock, when ``topic``'s timestamps are the broker's
             (``LogAppendTime``); left empty otherwise.
+        keys: distinct record keys: event ``i`` is keyed ``k<i % keys>``.
 
     Raises:
         KinboxError: a record was not acknowledged.
@@ -172,7 +174,7 @@ def produce(
         while True:
             try:
                 producer.produce(
-                    topic, value, key=f"k{index % 97}".encode(),
+                    topic, value, key=f"k{index % keys}".encode(),
                     headers=[(ID_HEADER, work.ids[index].encode())], on_delivery=acks,
                 )  # fmt: skip
                 break

@@ -1,5 +1,8 @@
 """The contenders: kinbox five ways, the article's design, FastStream + an inbox, hand-written.
 
+The slow-keys scenario has three of its own: kinbox in partition order and in
+key order, and Confluent's parallel-consumer (Java) in key order.
+
 Every contender consumes the same events from the same topic and partitions
 and writes one business row per event (:mod:`kinbox.bench.effects`) into the
 same PostgreSQL; each runs in its own process (:mod:`kinbox.bench.child`).
@@ -42,9 +45,22 @@ class Contender:
     ``None``: the outside scenarios run :attr:`entry` in a process of its own.
     """
 
+    requires: str | None = None
+    """``module:function`` saying why it cannot run here (a string), or that it can (``None``)."""
+
+    def missing(self) -> str | None:
+        """Why this contender cannot run here, or ``None`` when it can."""
+        if self.needs is not None and importlib.util.find_spec(self.needs) is None:
+            return f"needs {self.needs} (pip install 'kinbox[bench]')"
+        if self.requires is not None:
+            module, _, function = self.requires.partition(":")
+            reason: str | None = getattr(importlib.import_module(module), function)()
+            return reason
+        return None
+
     def available(self) -> bool:
-        """Whether what it needs is installed."""
-        return self.needs is None or importlib.util.find_spec(self.needs) is not None
+        """Whether it can run here (what it needs is installed)."""
+        return self.missing() is None
 
 
 _HERE = "kinbox.bench.contenders"
@@ -83,6 +99,18 @@ CONTENDERS: tuple[Contender, ...] = (
         "hand", "hand-written set-based, streaming (async offset commits)",
         f"{_HERE}.setbased:run_streaming",
     ),
+    Contender(
+        "kinbox-partition-order", "kinbox @handler, partition order (5 ms handler)",
+        f"{_HERE}.keyorder:run_partition",
+    ),
+    Contender(
+        "kinbox-key-order", "kinbox @handler(ordering='key'), key order (5 ms handler)",
+        f"{_HERE}.keyorder:run_key", requires=f"{_HERE}.keyorder:key_order_missing",
+    ),
+    Contender(
+        "parallel-consumer", "Confluent parallel-consumer 0.5.3.2, KEY order (at-least-once)",
+        f"{_HERE}.parallel_consumer:run", exactly_once=False,
+    ),
 )  # fmt: skip
 """Every contender, in report order."""
 
@@ -93,3 +121,5 @@ CEILING = "ceiling"
 """The baseline of the ``xceiling`` column."""
 HAND = "hand"
 """The outside scenarios' baseline: the hand-written inbox a team deploys for latency too."""
+SLOW = ("kinbox-partition-order", "kinbox-key-order", "parallel-consumer")
+"""The slow-keys scenario's contenders (and no other scenario's)."""

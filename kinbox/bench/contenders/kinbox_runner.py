@@ -100,36 +100,31 @@ def settings(application: App, spec: ChildSpec) -> Settings:
     return application.settings(flags, {}).validate()
 
 
-def run_each(spec: ChildSpec) -> None:
-    """``@handler``: one handler call per fresh event."""
+def serve(application: App, spec: ChildSpec) -> None:
+    """Run ``application`` as ``kinbox worker`` does, with kinbox's defaults (:func:`settings`)."""
     from kinbox.ops.worker import run
 
-    application = app(spec, batch=False)
     run(application, settings(application, spec))
+
+
+def run_each(spec: ChildSpec) -> None:
+    """``@handler``: one handler call per fresh event."""
+    serve(app(spec, batch=False), spec)
 
 
 def run_batch(spec: ChildSpec) -> None:
     """``@handler(batch=True)``: one call per partition batch."""
-    from kinbox.ops.worker import run
-
-    application = app(spec, batch=True)
-    run(application, settings(application, spec))
+    serve(app(spec, batch=True), spec)
 
 
 def run_each_async(spec: ChildSpec) -> None:
     """``async def`` ``@handler``: one awaited call per fresh event."""
-    from kinbox.ops.worker import run
-
-    application = app(spec, batch=False, awaits=True)
-    run(application, settings(application, spec))
+    serve(app(spec, batch=False, awaits=True), spec)
 
 
 def run_batch_async(spec: ChildSpec) -> None:
     """``async def`` ``@handler(batch=True)``: one awaited call per partition batch."""
-    from kinbox.ops.worker import run
-
-    application = app(spec, batch=True, awaits=True)
-    run(application, settings(application, spec))
+    serve(app(spec, batch=True, awaits=True), spec)
 
 
 T = TypeVar("T")
