@@ -46,9 +46,21 @@ _INSERT = (
 # snapshot; a row another transaction inserts meanwhile is met by the
 # INSERT's ON CONFLICT as before (waited for, then dropped), only not
 # compared. Rows: each claimed id with NULLs, then each sighting recorded.
-_CLAIM = (
+#
+# A claim of one event takes it as plain values, not arrays: PostgreSQL
+# plans a prepared statement once (a generic plan) only when that plan is
+# estimated no dearer than one made for the values at hand, and a generic
+# plan reckons with ten elements per array where the values have one; so
+# with arrays of one it would plan the statement anew at every execution.
+_CLAIM_EVENTS = (
     "WITH c AS (SELECT * FROM unnest(%(ids)s::text[], %(offsets)s::bigint[], %(traces)s::text[],"
     " %(hashes)s::bigint[]) AS c(event_id, off, trace_id, hash)),"
+)
+_CLAIM_EVENT = (
+    "WITH c AS (SELECT %(ids)s::text AS event_id, %(offsets)s::bigint AS off,"
+    " %(traces)s::text AS trace_id, %(hashes)s::bigint AS hash),"
+)
+_CLAIM_REST = (
     " looked AS MATERIALIZED (SELECT c.event_id, c.off, c.trace_id, c.hash, p.topic, p.partition,"
     ' p."offset", p.payload_hash, p.topic IS NOT NULL AS known FROM c LEFT JOIN LATERAL'
     ' (SELECT q.topic, q.partition, q."offset", q.payload_hash FROM {0}.processed_events q'
@@ -69,6 +81,8 @@ _CLAIM = (
     " SELECT event_id, NULL::bigint, NULL::text, NULL::integer, NULL::bigint FROM claimed"
     ' UNION ALL SELECT event_id, "offset", first_topic, first_partition, first_offset FROM seen'
 )
+_CLAIM = _CLAIM_EVENTS + _CLAIM_REST
+_CLAIM_ONE = _CLAIM_EVENT + _CLAIM_REST
 # The same claim for replayed records, except that a dead-lettered row (or a
 # parked one, re-published on its key's release) may be taken over: the row
 # lock the UPDATE takes serialises two deliveries of the replay exactly like
@@ -173,7 +187,8 @@ class InboxStatements:
     """The statements of one schema's inbox, rendered to bytes.
 
     Parameters: ``claim`` takes them by name (consumer, topic, partition,
-    ids, offsets, traces, hashes: the last four array literals); in order,
+    ids, offsets, traces, hashes: the last four array literals; for
+    ``claim_one`` one value each); in order,
     ``reclaim`` takes the consumer, topic, partition and those four arrays;
     ``reused`` the topic, partition, three array literals (ids, offsets,
     digests) and the consumer; ``known`` an array literal of ids and
@@ -182,6 +197,8 @@ class InboxStatements:
 
     claim: bytes
     """Records fresh ids as ``applied``, and reused ids among the others; returns both."""
+    claim_one: bytes
+    """:attr:`claim` of one event: its id, offset, trace id and digest as plain values."""
     reclaim: bytes
     """:attr:`claim` for replayed records: a ``dead_lettered`` row is taken over too."""
     reused: bytes
@@ -215,7 +232,7 @@ class InboxStatements:
             return sql.SQL(text).format(table).as_bytes()
 
         return cls(
-            render(_CLAIM), render(_RECLAIM), render(_REUSED), render(_KNOWN), render(_DEAD_LETTER),
-            render(_BLOCKED), render(_RELEASED), render(_PARK), render(_PARKED), render(_BLOCK),
-            render(_UNPARK), render(_FREE),
+            render(_CLAIM), render(_CLAIM_ONE), render(_RECLAIM), render(_REUSED),
+            render(_KNOWN), render(_DEAD_LETTER), render(_BLOCKED), render(_RELEASED),
+            render(_PARK), render(_PARKED), render(_BLOCK), render(_UNPARK), render(_FREE),
         )  # fmt: skip

@@ -12,6 +12,7 @@ from collections.abc import Collection, Sequence
 from typing import Any, Protocol, TypeVar
 
 import psycopg
+from psycopg.types.numeric import Int8
 
 from kinbox.core.describe import describe, storable
 from kinbox.core.errors import ConflictError, StoreError
@@ -70,7 +71,7 @@ class ClaimPlan:
         plain = [e for e in self._unique if e.id not in reclaim]
         replayed = [e for e in self._unique if e.id in reclaim]
         self.statements: list[Statement] = [
-            *((sql.claim, named) for named in _named(consumer, plain)),
+            *_claims(sql, consumer, plain),
             *((sql.reclaim, params) for params in _by_partition(consumer, replayed)),
         ]
         """What to run, in order; each returns the ids it claimed (:meth:`take`)."""
@@ -98,15 +99,22 @@ class ClaimPlan:
         return [e for e in self._unique if e.id in self.fresh]
 
 
-def _named(consumer: str, events: Sequence[Event]) -> list[dict[str, Any]]:
-    """The plain claim's parameters for each partition of ``events``."""
-    return [
-        {
-            "consumer": consumer, "topic": topic, "partition": partition,
-            "ids": ids, "offsets": offsets, "traces": traces, "hashes": hashes,
-        }
-        for _, topic, partition, ids, offsets, traces, hashes in _by_partition(consumer, events)
-    ]  # fmt: skip
+def _claims(sql: InboxStatements, consumer: str, events: Sequence[Event]) -> list[Statement]:
+    """The plain claim of each partition of ``events``: of one event, with plain values."""
+    if len(events) == 1:
+        (event,) = events
+        one = {
+            "consumer": consumer, "topic": event.topic, "partition": event.partition,
+            "ids": event.id, "offsets": Int8(event.offset), "traces": trace_id(event.headers),
+            "hashes": Int8(payload_digest(event.value)),
+        }  # fmt: skip
+        return [(sql.claim_one, one)]
+    partitions = _by_partition(consumer, events)
+    return [(sql.claim, dict(zip(_NAMES, params, strict=True))) for params in partitions]
+
+
+_NAMES = ("consumer", "topic", "partition", "ids", "offsets", "traces", "hashes")
+"""The plain claim's parameters, in :func:`_by_partition`'s order."""
 
 
 def _by_partition(consumer: str, events: Sequence[Event]) -> list[tuple[Any, ...]]:

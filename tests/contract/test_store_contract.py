@@ -74,6 +74,16 @@ def test_a_claim_keeps_every_id_exactly_whatever_characters_it_holds(inbox: Stor
     assert claim(inbox.store, *events) == []  # each found again under its own id
 
 
+def test_a_claim_of_one_event_keeps_its_id_exactly_too(inbox: StoreSide) -> None:
+    # One event's claim sends plain values, not array literals
+    for offset, event_id in enumerate(AWKWARD_IDS):
+        assert claim(inbox.store, ev(event_id, offset)) == [(event_id, offset)]
+        assert claim(inbox.store, ev(event_id, offset + 100)) == []
+    assert [inbox.row(i) for i in AWKWARD_IDS] == [
+        Row("applied", None, o) for o in range(len(AWKWARD_IDS))
+    ]
+
+
 def test_known_reads_the_consumers_committed_rows_only_and_never_waits(inbox: StoreSide) -> None:
     claim(inbox.store, ev("a", 0), *[ev(event_id, 1) for event_id in AWKWARD_IDS])
     looker = inbox.looker()
@@ -219,13 +229,15 @@ def test_a_dead_letter_goes_with_its_rolled_back_transaction(inbox: StoreSide) -
     assert inbox.row("bad") is None and inbox.row("kept") == Row("applied", None, 0)
 
 
+@pytest.mark.parametrize("alone", [False, True], ids=["among-others", "alone"])
 @pytest.mark.parametrize("event_id", ["nul\x00id", "lone\udcffsurrogate"], ids=["nul", "surrogate"])
 def test_an_id_the_driver_cannot_send_is_refused_and_the_transaction_goes_on(
-    inbox: StoreSide, event_id: str
+    inbox: StoreSide, event_id: str, alone: bool
 ) -> None:
+    # (A claim of one event sends plain values, of several array literals.)
     def program() -> Steps[None]:
         with pytest.raises(StoreError) as refused:
-            yield Claim([ev("a"), ev(event_id, 1)])
+            yield Claim([ev(event_id, 1)] if alone else [ev("a"), ev(event_id, 1)])
         assert not refused.value.transient
         # refused before anything was sent: the transaction is still usable
         assert [e.id for e in (yield Claim([ev("a")]))] == ["a"]
