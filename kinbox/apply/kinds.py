@@ -78,8 +78,9 @@ class EachEvent(_Kind):
     pass gives each its own savepoint, so a permanent failure is
     dead-lettered without undoing the others.
 
-    The optimistic pass runs pipelined when allowed: the handlers' statements
-    go out without a round trip each. A database error there is not blamed on
+    The optimistic pass runs pipelined when allowed and there is more than
+    one event: the handlers' statements go out without a round trip each (one
+    event's would gain nothing, and a pipeline costs CPU). A database error there is not blamed on
     the event that saw it (the statement that failed may be an earlier
     event's), and a handler that caught one returns as if nothing happened:
     the pass raises :class:`Unpipelined`, and the batch is redone with the
@@ -100,7 +101,7 @@ class EachEvent(_Kind):
         self, calls: Calls, events: list[Event], *, careful: bool, pipelined: bool = False
     ) -> Steps[None]:
         """See :meth:`HandlerKind.run`."""
-        if pipelined and self._pipelines and not careful and events:
+        if pipelined and self._pipelines and not careful and len(events) > 1:
             yield from self._pipelined(calls, events)
             return
         for event in events:
