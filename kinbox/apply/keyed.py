@@ -99,6 +99,10 @@ class KeyOrder:
         split = units(records)
         if len(split) == 1:
             return self._apply(records, attempt, skim)
+        # Longest units first: the batch ends with its slowest worker, and
+        # short units fill in behind the long ones (the order of different
+        # keys' units is free).
+        split.sort(key=len, reverse=True)
         futures = [
             self._units.submit(self._apply, unit, attempt if unit[0] is records[0] else 1, skim)
             for unit in split
