@@ -13,15 +13,17 @@ key form one unit of their own: among themselves they keep partition order.
                                ─► unit B: BEGIN claim handler… COMMIT ─┼─► watermark ─► offset
                                ─► unit C: …                            ─┘
 
-The batch ends when its last unit ends, so a partition still has one batch
-in flight: a revoke waits for all of it, and a key's next records start
-only after its earlier ones settled. What the batch lets the runner commit
-is the *watermark*: the first record that did not settle in any unit, or the
-batch's end (docs/design.md, invariant 2). A unit that stopped at a failure
-stops the partition there; the partition is rewound to that record, and the
-records of other keys past it, settled already, come again as duplicates,
-which the claim drops. So a crash, a rebalance or a failure with units in
-flight applies nothing twice and loses nothing.
+A key-ordered batch takes more of what waits than a batch in partition
+order (:func:`batch_length`). The batch ends when its last unit ends, so a
+partition still has one batch in flight: a revoke waits for all of it, and a
+key's next records start only after its earlier ones settled. What the batch
+lets the runner commit is the *watermark*: the first record that did not
+settle in any unit, or the batch's end (docs/design.md, invariant 2). A unit
+that stopped at a failure stops the partition there; the partition is
+rewound to that record, and the records of other keys past it, settled
+already, come again as duplicates, which the claim drops. So a crash, a
+rebalance or a failure with units in flight applies nothing twice and loses
+nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +37,29 @@ from kinbox.core.record import Record
 
 Apply = Callable[[Sequence[Record], int, bool], BatchResult]
 """Apply one unit: ``(records, attempt of the first, skim)``."""
+
+
+def batch_length(waiting: Sequence[Record], batch: int, concurrency: int) -> int:
+    """How many of a partition's ``waiting`` records its next key-ordered batch takes.
+
+    Up to ``concurrency`` batches (of ``batch`` records) of them, but no key
+    more than ``batch``: under a backlog each key's unit then holds its
+    events of several batches, sharing one claim and one COMMIT where a batch
+    of distinct keys would pay a transaction per event, and the batch still
+    lasts about as long as one in partition order (``batch`` events one
+    after the other, or ``concurrency`` units side by side that long).
+    """
+    most = min(len(waiting), batch * concurrency)
+    if most <= batch:
+        return most
+    counts: dict[bytes | None, int] = {}
+    for index in range(most):
+        key = waiting[index].key
+        count = counts.get(key, 0) + 1
+        if count > batch:
+            return index
+        counts[key] = count
+    return most
 
 
 def units(records: Sequence[Record]) -> list[list[Record]]:

@@ -25,6 +25,7 @@ from operator import itemgetter
 
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
+from kinbox.apply.keyed import batch_length
 from kinbox.apply.skim import RUN_BATCHES, worth_skimming
 from kinbox.consume.backoff import Backoff
 from kinbox.consume.breaker import Breaker, State
@@ -88,6 +89,8 @@ class BatchFlow:
         # Partitions whose last batch was a whole batch of duplicates: their
         # next batch is a run of RUN_BATCHES, skimmed (kinbox.apply.skim).
         self._skimming: set[Partition] = set()
+        # Key-ordered topics' concurrency: their batches are longer (batch_length).
+        self._keyed = {t: r.concurrency for t, r in app.routes.items() if r.ordering == "key"}
 
     @property
     def assigned(self) -> Set[Partition]:
@@ -163,7 +166,7 @@ class BatchFlow:
             if tp in self._inflight or tp in self.backoff:
                 continue
             skim = tp in self._skimming and self.breaker.state is State.CLOSED
-            batch = self._admitted(tp, RUN_BATCHES if skim else 1)
+            batch = self._admitted(tp, RUN_BATCHES * self._batch if skim else self._length(tp))
             if not batch:
                 continue
             attempt = self.backoff.attempt(tp, batch[0].offset)
@@ -179,15 +182,22 @@ class BatchFlow:
         handler = f" (handler {route.name})" if route is not None else ""
         return f"{tp[0]}[{tp[1]}]@{batch[0].offset}..{batch[-1].offset}{handler}"
 
-    def _admitted(self, tp: Partition, batches: int = 1) -> list[Record]:
-        """Up to ``batches`` batches of ``tp``'s lane, as far as the circuit breaker lets them run.
+    def _length(self, tp: Partition) -> int:
+        """Records of ``tp``'s lane its next batch takes at most."""
+        concurrency = self._keyed.get(tp[0])
+        if concurrency is None:
+            return self._batch
+        return batch_length(self.lanes.records(tp), self._batch, concurrency)
+
+    def _admitted(self, tp: Partition, most: int) -> list[Record]:
+        """Up to ``most`` of ``tp``'s lane, as far as the circuit breaker lets them run.
 
         A breaker open or half-open takes the whole lane: what it does not
         let through (all, or all but its probe) it rewinds and holds, so
         those records come again when it closes.
         """
         if self.breaker.state is State.CLOSED:
-            return self.lanes.take(tp, batches * self._batch)
+            return self.lanes.take(tp, most)
         lane = self.lanes.take(tp, self.lanes.waiting(tp))
         return self.breaker.admit({tp: lane}).get(tp, [])
 

@@ -102,6 +102,10 @@ class Lanes:
         most = self._per_lane * self._batch
         self.cap = max(self._batch, min(most, self._budget // max(1, partitions)))
 
+    def records(self, tp: Partition) -> Sequence[Record]:
+        """The records of ``tp`` waiting, in offset order (not to be changed)."""
+        return self._waiting.get(tp, ())
+
     def waiting(self, tp: Partition) -> int:
         """How many records of ``tp`` wait."""
         return len(self._waiting.get(tp, ()))

@@ -13,12 +13,15 @@ from hypothesis import strategies as st
 
 from kinbox.app import App
 from kinbox.apply.batch import BatchProcessor
-from kinbox.apply.keyed import KeyOrder, units, watermark
+from kinbox.apply.keyed import KeyOrder, batch_length, units, watermark
+from kinbox.consume.runner import Runner
+from kinbox.core.config import Settings
 from kinbox.core.errors import ConfigurationError
 from kinbox.core.event import Event
 from kinbox.core.outcome import BatchResult, Failure
 from kinbox.core.record import Record
-from kinbox.testing import FakeStore, record
+from kinbox.testing import FakeStore, FakeTransport, record
+from tests.unit.test_breaker import Held
 
 pytestmark = pytest.mark.unit
 
@@ -180,6 +183,66 @@ def test_key_order_applies_every_event_once_across_random_batches() -> None:
     for key in (b"a", b"b", b"c", None):
         offsets = [o for k, o in seen if k == key]
         assert offsets == sorted(offsets)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    keys=st.lists(st.sampled_from(["a", "b", "c", None]), max_size=40),
+    batch=st.integers(1, 6),
+    concurrency=st.integers(1, 5),
+)
+def test_a_key_ordered_batch_takes_the_longest_prefix_with_no_key_over_a_batch(
+    keys: list[str | None], batch: int, concurrency: int
+) -> None:
+    waiting = [keyed(n, k) for n, k in enumerate(keys)]
+    length = batch_length(waiting, batch, concurrency)
+    most = min(len(waiting), batch * concurrency)
+    assert (length >= 1 or not waiting) and length <= most
+    taken = [r.key for r in waiting[:length]]
+    assert all(taken.count(key) <= batch for key in taken)
+    if length < most:  # it stopped only where the next record's key had a batch's worth
+        assert taken.count(waiting[length].key) == batch
+
+
+def test_a_key_ordered_partition_batch_takes_several_batches_of_its_lane() -> None:
+    # Given a key-ordered handler, batches of 2, and records waiting while the
+    # partition's first batch is in flight, "a" among them three times
+    transport, executor = FakeTransport(), Held()
+    app, store = App(group_id="g"), FakeStore()
+    batches: list[list[int]] = []
+
+    @app.handler("t", ordering="key", concurrency=3)
+    def on_event(event: Event, tx: Any) -> None:
+        pass
+
+    config = Settings(database_url="postgresql:///x", group_id="g", batch_max_messages=2)
+    runner = Runner(app, config.validate(), transport, store, executor=executor)
+    original = runner._processor.process  # to see which records each batch took
+
+    def process(records: Sequence[Record], attempt: int = 1, *, skim: bool = False) -> BatchResult:
+        batches.append([r.offset for r in records])
+        return original(records, attempt, skim=skim)
+
+    runner._processor.process = process  # type: ignore[method-assign]
+    for n, key in enumerate(["x", "y", "a", "b", "a", "c", "a", "d", "e", "f", "g"]):
+        transport.append(keyed(n, key))
+    transport.subscribe(app.topics, runner)
+    for _ in range(8):  # the first batch stays in flight while the rest is fetched
+        runner.turn()
+    assert runner._flow.lanes.waiting(("t", 0)) >= 8
+    for _ in range(8):
+        executor.release()
+        runner.turn()
+    try:
+        # Then the first batch is one poll's two records; the next would take
+        # up to three batches' worth (six), but stops before a third "a"; the
+        # one after it again takes more than a batch
+        assert batches[:2] == [[0, 1], [2, 3, 4, 5]]
+        assert batches[2][0] == 6 and len(batches[2]) > 2
+        assert sorted(o for b in batches for o in b) == list(range(11))
+        assert transport.committed[("t", 0)] == 11
+    finally:
+        runner._processor.close()
 
 
 @pytest.mark.parametrize(
