@@ -75,7 +75,11 @@ LIBRARY_ROOMS = {
 }
 LIBRARY_FLOORS = {"outbox", "tools", "roof"}
 # The core imports the standard library and itself; these, where named.
-CORE_LIBRARIES = {"tenacity": "kinbox.core.policy", "opentelemetry": "kinbox.core.otel"}
+CORE_LIBRARIES = {
+    "tenacity": "kinbox.core.policy",
+    "opentelemetry": "kinbox.core.otel",
+    "xxhash": "kinbox.core.reuse",
+}
 CORE_LIBRARIES_LAZY = {"prometheus_client": "kinbox.core.otel"}
 
 ENGINE = ("kinbox.consume", "kinbox.apply", "kinbox.params", "kinbox.middleware")

@@ -35,9 +35,9 @@ def test_the_digest_is_a_stable_bigint_that_tells_payloads_apart() -> None:
     assert all(-(2**63) <= d < 2**63 for d in digests)
     assert any(d < 0 for d in digests)  # signed, as PostgreSQL's bigint
     # Fixed across processes and versions (no per-process salt, as hash() has):
-    # 64 bits of BLAKE2b, big-endian.
+    # XXH3's 64 bits, read as a signed integer.
     assert payload_digest(b"kinbox") == int.from_bytes(
-        bytes.fromhex("aa6a4c21ff3371f6"), "big", signed=True
+        bytes.fromhex("28801076243ccf48"), "big", signed=True
     )
 
 
