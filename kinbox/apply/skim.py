@@ -6,10 +6,12 @@ applied before a rebalance — its next records are most likely duplicates as
 well. The runner then hands the batch processor a *run* of up to
 :data:`RUN_BATCHES` batches at once and asks it to skim: every id of the run
 is looked up in ``processed_events`` in one read-only statement, outside any
-transaction (:meth:`~kinbox.core.inbox.InboxStore.known`). Events found there
-are dropped before their batch's transaction; a batch left with nothing opens
-no transaction at all. What is left is applied exactly as before: each batch
-of the run in its own transaction, its claim deciding what is fresh.
+transaction (:meth:`~kinbox.core.inbox.InboxStore.known`), with its payload's
+digest. Events found there with the same digest are dropped before their
+batch's transaction (one found with another digest reuses its id: it goes to
+the claim, which reports it); a batch left with nothing opens no transaction
+at all. What is left is applied exactly as before: each batch of the run in
+its own transaction, its claim deciding what is fresh.
 
 Why this keeps every event's effect exactly once: an id the look-up finds is
 in a committed row, and a committed row only ever goes by retention (whose
@@ -40,6 +42,7 @@ from kinbox.core.event import Event
 from kinbox.core.inbox import InboxStore
 from kinbox.core.letter import is_replay
 from kinbox.core.outcome import BatchResult
+from kinbox.core.reuse import payload_digest
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +86,20 @@ def worth_skimming(result: BatchResult, batch_size: int) -> bool:
 
 def look_up(store: InboxStore, events: Sequence[Event]) -> Skim:
     """Look up the ids of ``events`` that may be skimmed; never raises for a failed look-up."""
-    replayed = {e.id for e in events if is_replay(e.headers)}
-    ids = {e.id for e in events}.difference(replayed)
+    digests: dict[str, int] = {}
+    # A replayed record, and an id that comes with two payloads in the run,
+    # go to the claim, which takes over a dead letter or reports the reuse.
+    left_out = {e.id for e in events if is_replay(e.headers)}
+    for event in events:
+        digest = payload_digest(event.value)
+        if digests.setdefault(event.id, digest) != digest:
+            left_out.add(event.id)
+    for event_id in left_out:
+        digests.pop(event_id, None)
     started = time.time_ns()
     try:
-        known = store.known(ids)
+        known = store.known(digests)
     except StoreError as exc:
-        log.debug("skim of %d ids failed, claiming every event instead: %s", len(ids), exc)
+        log.debug("skim of %d ids failed, claiming every event instead: %s", len(digests), exc)
         return NOTHING
     return Skim(frozenset(known), started, time.time_ns())

@@ -26,7 +26,7 @@ transactions it runs in binds the session to their connection
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -205,16 +205,18 @@ class InboxStore(Protocol):
                 would only roll it back: it raises, never ends quietly.
         """
 
-    def known(self, ids: Collection[str]) -> set[str]:
-        """Those of ``ids`` this consumer has recorded already, read outside any transaction.
+    def known(self, digests: Mapping[str, int]) -> set[str]:
+        """The ids of ``digests`` this consumer has recorded with that payload digest, or none.
 
-        A read-only look at ``processed_events``, cheaper than a claim and
-        without a transaction around it (:mod:`kinbox.apply.skim`). An id
-        found is a duplicate for good: a committed row only ever goes by
-        retention, so the claim would drop its events as well. An id not
-        found may be fresh, or claimed by a transaction still open; either
-        way it is left to the claim, which decides. Never waits for another
-        transaction.
+        ``digests`` maps event ids to their payloads' digests
+        (:func:`~kinbox.core.reuse.payload_digest`). A read-only look at
+        ``processed_events``, cheaper than a claim and without a transaction
+        around it (:mod:`kinbox.apply.skim`). An id found is a duplicate for
+        good: a committed row only ever goes by retention, so the claim would
+        drop its events as well. An id not found may be fresh, or claimed by
+        a transaction still open, or recorded with another digest (a reused
+        id); each is left to the claim, which decides, and reports a reuse.
+        Never waits for another transaction.
 
         Raises:
             StoreError: ``transient`` unless the database refused the ids.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import psycopg
@@ -31,7 +31,6 @@ from psycopg_pool import AsyncConnectionPool
 from kinbox.core.inbox import InboxStore, Invoke
 from kinbox.core.names import sql_identifier
 from kinbox.core.steps import Program
-from kinbox.store.arrays import text_array
 from kinbox.store.async_transaction import AsyncTransaction, drive_async
 from kinbox.store.checkout import Checkout
 from kinbox.store.cursors import configure_async
@@ -39,7 +38,7 @@ from kinbox.store.errors import aborted_at_commit, translate
 from kinbox.store.loop import LoopThread
 from kinbox.store.postgres import PostgresInboxStore
 from kinbox.store.statements import InboxStatements
-from kinbox.store.transaction import aborted, unsendable
+from kinbox.store.transaction import aborted, known_params, unsendable
 
 T = TypeVar("T")
 
@@ -123,21 +122,21 @@ class AsyncPostgresInboxStore:
             # handlers' deferred checks, so it is judged as their statements are.
             raise translate(exc, held, own=False) from exc
 
-    def known(self, ids: Collection[str]) -> set[str]:
+    def known(self, digests: Mapping[str, int]) -> set[str]:
         """See :meth:`~kinbox.core.inbox.InboxStore.known`: one statement, in autocommit."""
-        if not ids:
+        if not digests:
             return set()
         if not self._opened:
             self.open()
-        return self._loop.run(self._known(ids))
+        return self._loop.run(self._known(digests))
 
-    async def _known(self, ids: Collection[str]) -> set[str]:
+    async def _known(self, digests: Mapping[str, int]) -> set[str]:
         try:
             async with self._pool.connection() as conn:
                 await conn.set_autocommit(True)
                 try:
                     cursor = await conn.execute(
-                        self._sql.known, (text_array(list(ids)), self._consumer), prepare=False
+                        self._sql.known, known_params(self._consumer, digests), prepare=False
                     )
                     rows = await cursor.fetchall()
                 except psycopg.Error as exc:

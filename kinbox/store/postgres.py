@@ -13,7 +13,7 @@ non-ASCII character escaped when the database's encoding is not UTF8.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
 from typing import Any, TypeVar
@@ -30,7 +30,6 @@ from kinbox.core.parking import KeyState
 from kinbox.core.reuse import Sighting
 from kinbox.core.steps import Park, Program
 from kinbox.store import migrations
-from kinbox.store.arrays import text_array
 from kinbox.store.checkout import Checkout
 from kinbox.store.cursors import configure, forget, refused
 from kinbox.store.errors import aborted_at_commit, translate
@@ -47,6 +46,7 @@ from kinbox.store.transaction import (
     conflict,
     dead_letter,
     in_order,
+    known_params,
     outage,
     raise_if_aborted,
     reuses_left,
@@ -132,9 +132,9 @@ class PostgresInboxStore:
         with self.transaction() as tx:
             return drive(program, tx)
 
-    def known(self, ids: Collection[str]) -> set[str]:
+    def known(self, digests: Mapping[str, int]) -> set[str]:
         """See :meth:`InboxStore.known`: one statement, in autocommit, on a pool connection."""
-        if not ids:
+        if not digests:
             return set()
         try:
             with self._pool.connection() as conn:
@@ -146,7 +146,7 @@ class PostgresInboxStore:
                     # plan then follows the table's size as it grows.
                     try:
                         rows = conn.execute(
-                            self._sql.known, (text_array(list(ids)), self._consumer), prepare=False
+                            self._sql.known, known_params(self._consumer, digests), prepare=False
                         ).fetchall()
                     except psycopg.Error as exc:
                         raise translate(exc, conn) from exc

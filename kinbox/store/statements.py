@@ -37,15 +37,15 @@ _INSERT = (
     " ON CONFLICT (consumer, event_id) "
 )
 # The plain claim also finds, in the same statement, which duplicates reuse
-# an id with another payload (kinbox.core.reuse): it looks each id up once
-# (one primary-key probe: the LATERAL ... LIMIT 1 keeps the plan a nested
-# loop, as the skim's look-up), inserts only those it did not find, and
-# records the found ones whose digest differs in reused_event_ids. A
-# replay's duplicates thus cost one probe each, as a bare ON CONFLICT DO
-# NOTHING would, not a second statement. The look-up reads the statement's
-# snapshot; a row another transaction inserts meanwhile is met by the
-# INSERT's ON CONFLICT as before (waited for, then dropped), only not
-# compared. Rows: each claimed id with NULLs, then each sighting recorded.
+# an id with another payload (kinbox.core.reuse): it inserts every id, and
+# looks up only those the insert dropped (one primary-key probe each: the
+# LATERAL ... LIMIT 1 keeps the plan a nested loop, as the skim's look-up),
+# recording in reused_event_ids the ones whose digest differs. A fresh event
+# thus costs what a bare ON CONFLICT DO NOTHING costs, and no second
+# statement is sent. The look-up reads the statement's snapshot: a row
+# another transaction inserted meanwhile (the insert waited for it, then
+# dropped the id) is not there to compare. Rows: each claimed id with NULLs,
+# then each sighting recorded.
 #
 # A claim of one event takes it as plain values, not arrays: PostgreSQL
 # plans a prepared statement once (a generic plan) only when that plan is
@@ -61,21 +61,21 @@ _CLAIM_EVENT = (
     " %(traces)s::text AS trace_id, %(hashes)s::bigint AS hash),"
 )
 _CLAIM_REST = (
-    " looked AS MATERIALIZED (SELECT c.event_id, c.off, c.trace_id, c.hash, p.topic, p.partition,"
-    ' p."offset", p.payload_hash, p.topic IS NOT NULL AS known FROM c LEFT JOIN LATERAL'
-    ' (SELECT q.topic, q.partition, q."offset", q.payload_hash FROM {0}.processed_events q'
-    " WHERE q.consumer = %(consumer)s AND q.event_id = c.event_id LIMIT 1) AS p ON true),"
     " claimed AS (INSERT INTO {0}.processed_events"
     ' (consumer, event_id, status, topic, partition, "offset", trace_id, payload_hash)'
-    " SELECT %(consumer)s, l.event_id, 'applied', %(topic)s, %(partition)s, l.off, l.trace_id,"
-    " l.hash FROM looked l WHERE NOT l.known ORDER BY l.event_id"
+    " SELECT %(consumer)s, c.event_id, 'applied', %(topic)s, %(partition)s, c.off, c.trace_id,"
+    " c.hash FROM c ORDER BY c.event_id"
     " ON CONFLICT (consumer, event_id) DO NOTHING RETURNING event_id),"
+    " dropped AS MATERIALIZED (SELECT c.event_id, c.off, c.hash FROM c"
+    " WHERE c.event_id NOT IN (SELECT event_id FROM claimed)),"
     " seen AS (INSERT INTO {0}.reused_event_ids"
     ' (consumer, event_id, topic, partition, "offset", payload_hash,'
     " first_topic, first_partition, first_offset, first_payload_hash)"
-    " SELECT %(consumer)s, l.event_id, %(topic)s, %(partition)s, l.off, l.hash, l.topic,"
-    ' l.partition, l."offset", l.payload_hash FROM looked l'
-    " WHERE l.known AND l.payload_hash <> l.hash ORDER BY l.event_id, l.off"
+    " SELECT %(consumer)s, d.event_id, %(topic)s, %(partition)s, d.off, d.hash, p.topic,"
+    ' p.partition, p."offset", p.payload_hash FROM dropped d CROSS JOIN LATERAL'
+    ' (SELECT q.topic, q.partition, q."offset", q.payload_hash FROM {0}.processed_events q'
+    " WHERE q.consumer = %(consumer)s AND q.event_id = d.event_id LIMIT 1) AS p"
+    " WHERE p.payload_hash <> d.hash ORDER BY d.event_id, d.off"
     ' ON CONFLICT DO NOTHING RETURNING event_id, "offset", first_topic, first_partition,'
     " first_offset)"
     " SELECT event_id, NULL::bigint, NULL::text, NULL::integer, NULL::bigint FROM claimed"
@@ -100,11 +100,13 @@ _RECLAIM = (
 # id. The LIMIT keeps the subquery from being flattened into a join, so every
 # plan is this nested loop: a join's plan chooses by the consumer's estimated
 # row count, and on stale statistics (a freshly emptied table that grew
-# since) it read the consumer's whole index for every batch.
+# since) it read the consumer's whole index for every batch. An id whose row
+# holds another digest is not returned: the claim then reports its reuse.
 _KNOWN = (
-    "SELECT c.event_id FROM unnest(%s::text[]) AS c(event_id)"
-    " CROSS JOIN LATERAL (SELECT FROM {}.processed_events p"
+    "SELECT c.event_id FROM unnest(%s::text[], %s::bigint[]) AS c(event_id, hash)"
+    " CROSS JOIN LATERAL (SELECT p.payload_hash FROM {}.processed_events p"
     " WHERE p.consumer = %s AND p.event_id = c.event_id LIMIT 1) AS found"
+    " WHERE found.payload_hash IS NULL OR found.payload_hash = c.hash"
 )
 # Reused ids: runs only when a claim dropped duplicates, after it, in its
 # transaction, over those duplicates alone (one partition's). Each row is
@@ -191,8 +193,8 @@ class InboxStatements:
     ``claim_one`` one value each); in order,
     ``reclaim`` takes the consumer, topic, partition and those four arrays;
     ``reused`` the topic, partition, three array literals (ids, offsets,
-    digests) and the consumer; ``known`` an array literal of ids and
-    the consumer; ``dead_letter`` the reason, the consumer and the id.
+    digests) and the consumer; ``known`` array literals of ids and digests,
+    and the consumer; ``dead_letter`` the reason, the consumer and the id.
     """
 
     claim: bytes
@@ -204,7 +206,7 @@ class InboxStatements:
     reused: bytes
     """Records the duplicates whose digest differs from their row's; returns those recorded."""
     known: bytes
-    """Which of the ids this consumer has recorded (read-only, outside a transaction)."""
+    """Which of the ids this consumer has recorded with the same digest, or none (read-only)."""
     dead_letter: bytes
     """Sets a claimed row to ``dead_lettered`` with its reason."""
     blocked: bytes

@@ -8,7 +8,7 @@ connection's state the same way; only the waiting differs.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import psycopg
@@ -115,6 +115,11 @@ def _claims(sql: InboxStatements, consumer: str, events: Sequence[Event]) -> lis
 
 _NAMES = ("consumer", "topic", "partition", "ids", "offsets", "traces", "hashes")
 """The plain claim's parameters, in :func:`_by_partition`'s order."""
+
+
+def known_params(consumer: str, digests: Mapping[str, int]) -> tuple[str, str, str]:
+    """The look-up's parameters (:attr:`InboxStatements.known`) for ``digests``."""
+    return text_array(list(digests)), int_array(digests.values()), consumer
 
 
 def _by_partition(consumer: str, events: Sequence[Event]) -> list[tuple[Any, ...]]:

@@ -14,7 +14,7 @@ suite (``tests/contract``) runs the same tests over it and the real store.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
@@ -407,13 +407,14 @@ class FakeStore:
         with self.transaction() as tx:
             return drive(program, tx, tx.wait)
 
-    def known(self, ids: Collection[str]) -> set[str]:
-        """See :meth:`~kinbox.core.inbox.InboxStore.known`: the committed rows' ids among ``ids``.
+    def known(self, digests: Mapping[str, int]) -> set[str]:
+        """See :meth:`~kinbox.core.inbox.InboxStore.known`: committed rows with those digests.
 
         Never waits: while a transaction is open it reads the rows as they
         were before it began, so its claims are never seen uncommitted. The
         knobs apply as to a claim's ids: ``fail_skims`` and ``refuse_id``.
         """
+        ids = list(digests)
         self.skims.append(sorted(ids))
         if self.fail_skims:
             self.fail_skims -= 1
@@ -422,7 +423,10 @@ class FakeStore:
         if refused:
             raise StoreError(f"DataError: cannot send event id {refused[0]!r}", transient=False)
         rows = self.status if self._before is None else self._before
-        return {i for i in ids if i in rows}
+        return {
+            i for i in ids
+            if i in rows and payload_digest(self.claimed[i].value) == digests[i]
+        }  # fmt: skip
 
     def for_async(self) -> FakeStore:
         """Itself: its transactions also run async handlers (:meth:`FakeTransaction.wait`)."""

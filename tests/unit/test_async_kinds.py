@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Collection
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -141,8 +141,8 @@ def test_a_store_that_cannot_run_async_handlers_is_refused_at_start() -> None:
         def run(self, program: Any) -> Any:
             return self._store.run(program)
 
-        def known(self, ids: Collection[str]) -> set[str]:
-            return self._store.known(ids)
+        def known(self, digests: Mapping[str, int]) -> set[str]:
+            return self._store.known(digests)
 
         def close(self) -> None: ...
 

@@ -153,6 +153,25 @@ def test_a_replayed_record_is_never_skimmed_so_its_dead_lettered_row_is_taken_ov
     assert store.status["x"] == "applied" and store.effects == ["k", "x"]
 
 
+def test_a_skim_leaves_an_id_reused_with_another_payload_to_the_claim_which_reports_it() -> None:
+    # Given a, b and c applied, then a run with a and c again as they were, b
+    # with another payload, and c twice, the second time with another payload
+    app, store = effect_app(), FakeStore()
+    applied_once(app, store, ["a", "b", "c"])
+    again = [*records(["a", "b", "c"]), record(T, 0, 3, "c", value=b'{"other": 1}')]
+    again[1] = record(T, 0, 1, "b", value=b'{"other": 2}')
+
+    result = processor(app, store).process(again, skim=True)
+
+    # Then a and b are looked up (c, with two payloads, is left to the claim),
+    # a alone is skimmed; b and c go to the claim, which drops them as
+    # duplicates and reports the two reuses
+    assert store.skims[-1] == ["a", "b"]
+    assert (result.applied, result.duplicates, result.reused) == (0, 4, 2)
+    assert sorted(s.event.offset for s in store.sightings.values()) == [1, 3]
+    assert store.effects == ["a", "b", "c"]
+
+
 @pytest.mark.parametrize("knob", ["fail_skims", "refuse_id"])
 def test_a_failed_look_up_skims_nothing_and_the_claims_decide(knob: str) -> None:
     app, store = effect_app(), FakeStore()
