@@ -139,10 +139,12 @@ public final class SlowKeys {
       Thread.sleep(200);
     }
     Exception cause = pc.getFailureCause();
-    System.err.println("parallel-consumer stopped: " + cause);
-    if (cause != null) {
-      cause.printStackTrace();
+    if (cause == null) {
+      // Closed by the shutdown hook (SIGTERM), which exits 0 once it is done.
+      Thread.sleep(Long.MAX_VALUE);
     }
+    System.err.println("parallel-consumer stopped: " + cause);
+    cause.printStackTrace();
     Runtime.getRuntime().halt(1);
   }
 
