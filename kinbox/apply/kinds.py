@@ -80,14 +80,14 @@ class EachEvent(_Kind):
 
     The optimistic pass runs pipelined when allowed and there is more than
     one event: the handlers' statements go out without a round trip each (one
-    event's would gain nothing, and a pipeline costs CPU). A database error there is not blamed on
-    the event that saw it (the statement that failed may be an earlier
-    event's), and a handler that caught one returns as if nothing happened:
-    the pass raises :class:`Unpipelined`, and the batch is redone with the
-    plain optimistic pass, which blames the right event. So is a pass in
-    which the pipeline refused a call that works without it (a COPY), caught
-    or not. A handler's own exception, raised while every statement so far
-    has succeeded, is judged at once, as on the plain pass.
+    event's would gain nothing, and a pipeline costs CPU). A database error
+    there is not blamed on the event that saw it (the statement that failed
+    may be an earlier event's), and a handler that caught one returns as if
+    nothing happened: the pass raises :class:`Unpipelined`, and the batch is
+    redone with the plain optimistic pass, which blames the right event. So
+    is a pass in which the pipeline refused a call that works without it (a
+    COPY), caught or not. A handler's own exception, raised while every
+    statement so far has succeeded, is judged at once, as on the plain pass.
     """
 
     name = "event"
