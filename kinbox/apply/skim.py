@@ -42,7 +42,7 @@ from kinbox.core.event import Event
 from kinbox.core.inbox import InboxStore
 from kinbox.core.letter import is_replay
 from kinbox.core.outcome import BatchResult
-from kinbox.core.reuse import payload_digest
+from kinbox.core.reuse import payload_digests
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +86,15 @@ def worth_skimming(result: BatchResult, batch_size: int) -> bool:
 
 def look_up(store: InboxStore, events: Sequence[Event]) -> Skim:
     """Look up the ids of ``events`` that may be skimmed; never raises for a failed look-up."""
-    digests: dict[str, int] = {}
+    ids = [e.id for e in events]
+    values = payload_digests([e.value for e in events])
+    digests = dict(zip(ids, values, strict=True))
     # A replayed record, and an id that comes with two payloads in the run,
     # go to the claim, which takes over a dead letter or reports the reuse.
     left_out = {e.id for e in events if is_replay(e.headers)}
-    for event in events:
-        digest = payload_digest(event.value)
-        if digests.setdefault(event.id, digest) != digest:
-            left_out.add(event.id)
+    if len(digests) < len(ids):
+        first: dict[str, int] = {}
+        left_out.update(i for i, d in zip(ids, values, strict=True) if first.setdefault(i, d) != d)
     for event_id in left_out:
         digests.pop(event_id, None)
     started = time.time_ns()

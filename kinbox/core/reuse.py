@@ -15,6 +15,8 @@ one by a chance of 2**-64, which would merely leave one reuse unreported.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,6 +33,19 @@ def payload_digest(value: bytes) -> int:
     """The digest of a record's raw ``value``: a signed 64-bit integer (a ``bigint``)."""
     # XXH3's unsigned 0..2**64-1 read as signed, bit for bit (two's complement).
     return (xxh3_64_intdigest(value) ^ _SIGN) - _SIGN
+
+
+def payload_digests(values: Iterable[bytes]) -> array[int]:
+    """The digests of ``values``, in order: :func:`payload_digest` of each, in fewer steps.
+
+    A replay's skim digests every record it looks up, so this is on its path:
+    the unsigned digests go into an array of unsigned 64-bit machine words,
+    whose bytes are then read as signed ones (the same two's complement
+    reading), instead of two integer operations per value in Python.
+    """
+    signed = array("q")
+    signed.frombytes(array("Q", map(xxh3_64_intdigest, values)).tobytes())
+    return signed
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from kinbox.core.errors import ConflictError, StoreError
 from kinbox.core.event import Event
 from kinbox.core.inbox import first_occurrences
 from kinbox.core.parking import KeyState
-from kinbox.core.reuse import Sighting, payload_digest
+from kinbox.core.reuse import Sighting, payload_digest, payload_digests
 from kinbox.core.steps import Park
 from kinbox.core.traceparent import trace_id
 from kinbox.store.arrays import hex_array, int_array, text_array
@@ -133,7 +133,7 @@ def _by_partition(consumer: str, events: Sequence[Event]) -> list[tuple[Any, ...
             # Parsed here, never failing: a malformed header stores NULL.
             hex_array(trace_id(e.headers) for e in group),
             # The one digest of each record per claim (kinbox.core.reuse).
-            int_array(payload_digest(e.value) for e in group),
+            int_array(payload_digests([e.value for e in group])),
         )
         for (topic, partition), group in _partitions(events).items()
     ]
@@ -187,7 +187,7 @@ class ReusedPlan:
                     partition,
                     text_array([e.id for e in group]),
                     int_array(e.offset for e in group),
-                    int_array(payload_digest(e.value) for e in group),
+                    int_array(payload_digests([e.value for e in group])),
                     consumer,
                 ),
             )

@@ -12,10 +12,12 @@ import logging
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kinbox.core.event import Event
 from kinbox.core.record import Record
-from kinbox.core.reuse import Sighting, payload_digest
+from kinbox.core.reuse import Sighting, payload_digest, payload_digests
 from kinbox.store.statements import InboxStatements
 from kinbox.store.transaction import ReusedPlan
 from kinbox.testing import FakeStore, record
@@ -39,6 +41,11 @@ def test_the_digest_is_a_stable_bigint_that_tells_payloads_apart() -> None:
     assert payload_digest(b"kinbox") == int.from_bytes(
         bytes.fromhex("28801076243ccf48"), "big", signed=True
     )
+
+
+@given(st.lists(st.binary(max_size=64), max_size=50))
+def test_the_digests_of_many_values_are_each_ones_digest(values: list[bytes]) -> None:
+    assert list(payload_digests(values)) == [payload_digest(v) for v in values]
 
 
 def rec(offset: int, event_id: str, value: bytes) -> Record:
