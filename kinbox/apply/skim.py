@@ -6,12 +6,14 @@ applied before a rebalance — its next records are most likely duplicates as
 well. The runner then hands the batch processor a *run* of up to
 :data:`RUN_BATCHES` batches at once and asks it to skim: every id of the run
 is looked up in ``processed_events`` in one read-only statement, outside any
-transaction (:meth:`~kinbox.core.inbox.InboxStore.known`), with its payload's
-digest. Events found there with the same digest are dropped before their
-batch's transaction (one found with another digest reuses its id: it goes to
-the claim, which reports it); a batch left with nothing opens no transaction
-at all. What is left is applied exactly as before: each batch of the run in
-its own transaction, its claim deciding what is fresh.
+transaction (:meth:`~kinbox.core.inbox.InboxStore.known`), with its offset.
+Events found there with the same payload are dropped before their batch's
+transaction: a row claimed at the event's own position holds that very
+record, so a replay digests nothing; a row claimed elsewhere has its digest
+compared (one with another digest reuses its id: it goes to the claim, which
+reports it). A batch left with nothing opens no transaction at all. What
+is left is applied exactly as before: each batch of the run in its own
+transaction, its claim deciding what is fresh.
 
 Why this keeps every event's effect exactly once: an id the look-up finds is
 in a committed row, and a committed row only ever goes by retention (whose
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 
 from kinbox.core.errors import StoreError
 from kinbox.core.event import Event
-from kinbox.core.inbox import InboxStore
+from kinbox.core.inbox import InboxStore, first_occurrences
 from kinbox.core.letter import is_replay
 from kinbox.core.outcome import BatchResult
 from kinbox.core.reuse import payload_digests
@@ -85,22 +87,25 @@ def worth_skimming(result: BatchResult, batch_size: int) -> bool:
 
 
 def look_up(store: InboxStore, events: Sequence[Event]) -> Skim:
-    """Look up the ids of ``events`` that may be skimmed; never raises for a failed look-up."""
-    ids = [e.id for e in events]
-    values = payload_digests([e.value for e in events])
-    digests = dict(zip(ids, values, strict=True))
+    """Look up the ids of one partition's ``events`` that may be skimmed.
+
+    Never raises for a failed look-up.
+    """
+    asked = first_occurrences(events)
     # A replayed record, and an id that comes with two payloads in the run,
     # go to the claim, which takes over a dead letter or reports the reuse.
     left_out = {e.id for e in events if is_replay(e.headers)}
-    if len(digests) < len(ids):
+    if len(asked) < len(events):
         first: dict[str, int] = {}
-        left_out.update(i for i, d in zip(ids, values, strict=True) if first.setdefault(i, d) != d)
-    for event_id in left_out:
-        digests.pop(event_id, None)
+        for event, digest in zip(events, payload_digests([e.value for e in events]), strict=True):
+            if first.setdefault(event.id, digest) != digest:
+                left_out.add(event.id)
+    if left_out:
+        asked = [e for e in asked if e.id not in left_out]
     started = time.time_ns()
     try:
-        known = store.known(digests)
+        known = store.known(asked)
     except StoreError as exc:
-        log.debug("skim of %d ids failed, claiming every event instead: %s", len(digests), exc)
+        log.debug("skim of %d ids failed, claiming every event instead: %s", len(asked), exc)
         return NOTHING
     return Skim(frozenset(known), started, time.time_ns())

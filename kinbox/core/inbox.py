@@ -26,7 +26,7 @@ transactions it runs in binds the session to their connection
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -205,18 +205,20 @@ class InboxStore(Protocol):
                 would only roll it back: it raises, never ends quietly.
         """
 
-    def known(self, digests: Mapping[str, int]) -> set[str]:
-        """The ids of ``digests`` this consumer has recorded with that payload digest, or none.
+    def known(self, events: Sequence[Event]) -> set[str]:
+        """The ids of ``events`` this consumer has recorded with the same payload.
 
-        ``digests`` maps event ids to their payloads' digests
-        (:func:`~kinbox.core.reuse.payload_digest`). A read-only look at
+        ``events`` are one partition's, each id once. A read-only look at
         ``processed_events``, cheaper than a claim and without a transaction
         around it (:mod:`kinbox.apply.skim`). An id found is a duplicate for
         good: a committed row only ever goes by retention, so the claim would
-        drop its events as well. An id not found may be fresh, or claimed by
-        a transaction still open, or recorded with another digest (a reused
-        id); each is left to the claim, which decides, and reports a reuse.
-        Never waits for another transaction.
+        drop its events as well. A row claimed by the record at the event's
+        own position holds that very record (a partition's records never
+        change), so only a row claimed elsewhere has its payload digest
+        compared (:mod:`kinbox.core.reuse`). An id not found may be fresh, or
+        claimed by a transaction still open, or recorded with another payload
+        (a reused id); each is left to the claim, which decides, and reports
+        a reuse. Never waits for another transaction.
 
         Raises:
             StoreError: ``transient`` unless the database refused the ids.

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from kinbox.core.event import Event
 from kinbox.core.inbox import InboxStore, Invoke
 from kinbox.core.names import sql_identifier
 from kinbox.core.steps import Program
@@ -38,7 +39,7 @@ from kinbox.store.errors import aborted_at_commit, translate
 from kinbox.store.loop import LoopThread
 from kinbox.store.postgres import PostgresInboxStore
 from kinbox.store.statements import InboxStatements
-from kinbox.store.transaction import aborted, known_params, unsendable
+from kinbox.store.transaction import aborted, known_ids, known_params, unsendable
 
 T = TypeVar("T")
 
@@ -122,21 +123,21 @@ class AsyncPostgresInboxStore:
             # handlers' deferred checks, so it is judged as their statements are.
             raise translate(exc, held, own=False) from exc
 
-    def known(self, digests: Mapping[str, int]) -> set[str]:
+    def known(self, events: Sequence[Event]) -> set[str]:
         """See :meth:`~kinbox.core.inbox.InboxStore.known`: one statement, in autocommit."""
-        if not digests:
+        if not events:
             return set()
         if not self._opened:
             self.open()
-        return self._loop.run(self._known(digests))
+        return self._loop.run(self._known(events))
 
-    async def _known(self, digests: Mapping[str, int]) -> set[str]:
+    async def _known(self, events: Sequence[Event]) -> set[str]:
         try:
             async with self._pool.connection() as conn:
                 await conn.set_autocommit(True)
                 try:
                     cursor = await conn.execute(
-                        self._sql.known, known_params(self._consumer, digests), prepare=False
+                        self._sql.known, known_params(self._consumer, events), prepare=False
                     )
                     rows = await cursor.fetchall()
                 except psycopg.Error as exc:
@@ -149,7 +150,7 @@ class AsyncPostgresInboxStore:
             raise translate(exc) from exc
         except ValueError as exc:  # an id the client encoding cannot encode
             raise unsendable(exc) from exc
-        return {row[0] for row in rows}
+        return known_ids(events, rows)
 
     def close(self) -> None:
         """Close the pool, then stop the loop."""

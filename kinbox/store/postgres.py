@@ -13,7 +13,7 @@ non-ASCII character escaped when the database's encoding is not UTF8.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
 from typing import Any, TypeVar
@@ -46,6 +46,7 @@ from kinbox.store.transaction import (
     conflict,
     dead_letter,
     in_order,
+    known_ids,
     known_params,
     outage,
     raise_if_aborted,
@@ -132,9 +133,9 @@ class PostgresInboxStore:
         with self.transaction() as tx:
             return drive(program, tx)
 
-    def known(self, digests: Mapping[str, int]) -> set[str]:
+    def known(self, events: Sequence[Event]) -> set[str]:
         """See :meth:`InboxStore.known`: one statement, in autocommit, on a pool connection."""
-        if not digests:
+        if not events:
             return set()
         try:
             with self._pool.connection() as conn:
@@ -146,7 +147,7 @@ class PostgresInboxStore:
                     # plan then follows the table's size as it grows.
                     try:
                         rows = conn.execute(
-                            self._sql.known, known_params(self._consumer, digests), prepare=False
+                            self._sql.known, known_params(self._consumer, events), prepare=False
                         ).fetchall()
                     except psycopg.Error as exc:
                         raise translate(exc, conn) from exc
@@ -158,7 +159,7 @@ class PostgresInboxStore:
             raise translate(exc) from exc
         except ValueError as exc:  # an id the client encoding cannot encode
             raise StoreError(describe(exc), transient=False) from exc
-        return {row[0] for row in rows}
+        return known_ids(events, rows)
 
     def close(self) -> None:
         """Close the pool."""

@@ -100,13 +100,18 @@ _RECLAIM = (
 # id. The LIMIT keeps the subquery from being flattened into a join, so every
 # plan is this nested loop: a join's plan chooses by the consumer's estimated
 # row count, and on stale statistics (a freshly emptied table that grew
-# since) it read the consumer's whole index for every batch. An id whose row
-# holds another digest is not returned: the claim then reports its reuse.
+# since) it read the consumer's whole index for every batch. Each id found
+# comes with its row's digest, or NULL when the row was claimed by the record
+# at the same position (the same record: nothing to compare) or holds none;
+# the caller compares a digest with the record's (kinbox.store.transaction),
+# so a replay, which meets its records at their own positions, digests none.
 _KNOWN = (
-    "SELECT c.event_id FROM unnest(%s::text[], %s::bigint[]) AS c(event_id, hash)"
-    " CROSS JOIN LATERAL (SELECT p.payload_hash FROM {}.processed_events p"
-    " WHERE p.consumer = %s AND p.event_id = c.event_id LIMIT 1) AS found"
-    " WHERE found.payload_hash IS NULL OR found.payload_hash = c.hash"
+    "SELECT c.event_id, CASE WHEN p.topic = %(topic)s AND p.partition = %(partition)s"
+    ' AND p."offset" = c.off THEN NULL ELSE p.payload_hash END'
+    " FROM unnest(%(ids)s::text[], %(offsets)s::bigint[]) AS c(event_id, off)"
+    ' CROSS JOIN LATERAL (SELECT q.topic, q.partition, q."offset", q.payload_hash'
+    " FROM {}.processed_events q"
+    " WHERE q.consumer = %(consumer)s AND q.event_id = c.event_id LIMIT 1) AS p"
 )
 # Reused ids: runs only when a claim dropped duplicates, after it, in its
 # transaction, over those duplicates alone (one partition's). Each row is
@@ -193,8 +198,9 @@ class InboxStatements:
     ``claim_one`` one value each); in order,
     ``reclaim`` takes the consumer, topic, partition and those four arrays;
     ``reused`` the topic, partition, three array literals (ids, offsets,
-    digests) and the consumer; ``known`` array literals of ids and digests,
-    and the consumer; ``dead_letter`` the reason, the consumer and the id.
+    digests) and the consumer; ``known`` by name the consumer, topic,
+    partition, and array literals of ids and offsets; ``dead_letter`` the
+    reason, the consumer and the id.
     """
 
     claim: bytes
@@ -206,7 +212,8 @@ class InboxStatements:
     reused: bytes
     """Records the duplicates whose digest differs from their row's; returns those recorded."""
     known: bytes
-    """Which of the ids this consumer has recorded with the same digest, or none (read-only)."""
+    """Which of the ids this consumer has recorded, each with its row's digest where the row
+    was claimed at another position (read-only)."""
     dead_letter: bytes
     """Sets a claimed row to ``dead_lettered`` with its reason."""
     blocked: bytes

@@ -8,7 +8,7 @@ connection's state the same way; only the waiting differs.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol, TypeVar
 
 import psycopg
@@ -117,9 +117,26 @@ _NAMES = ("consumer", "topic", "partition", "ids", "offsets", "traces", "hashes"
 """The plain claim's parameters, in :func:`_by_partition`'s order."""
 
 
-def known_params(consumer: str, digests: Mapping[str, int]) -> tuple[str, str, str]:
-    """The look-up's parameters (:attr:`InboxStatements.known`) for ``digests``."""
-    return text_array(list(digests)), int_array(digests.values()), consumer
+def known_params(consumer: str, events: Sequence[Event]) -> dict[str, Any]:
+    """The look-up's parameters (:attr:`InboxStatements.known`) for one partition's ``events``."""
+    first = events[0]
+    return {
+        "consumer": consumer, "topic": first.topic, "partition": first.partition,
+        "ids": text_array([e.id for e in events]), "offsets": int_array(e.offset for e in events),
+    }  # fmt: skip
+
+
+def known_ids(events: Sequence[Event], rows: Sequence[Sequence[Any]]) -> set[str]:
+    """Of the look-up's ``rows`` for ``events``: the ids recorded with the same payload.
+
+    A row's digest is there only where its row was claimed at another
+    position; only those events are digested and compared.
+    """
+    elsewhere = {row[0] for row in rows if row[1] is not None}
+    if not elsewhere:
+        return {row[0] for row in rows}
+    values = {e.id: e.value for e in events if e.id in elsewhere}
+    return {row[0] for row in rows if row[1] is None or payload_digest(values[row[0]]) == row[1]}
 
 
 def _by_partition(consumer: str, events: Sequence[Event]) -> list[tuple[Any, ...]]:

@@ -15,7 +15,7 @@ exceptions a test asks for:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -200,9 +200,9 @@ class RecordingStore:
                 return fault
         return None
 
-    def known(self, digests: Mapping[str, int]) -> set[str]:
+    def known(self, events: Sequence[Event]) -> set[str]:
         """``inner``'s look-up (:meth:`~kinbox.core.inbox.InboxStore.known`): nothing to record."""
-        return self._inner.known(digests)
+        return self._inner.known(events)
 
     def close(self) -> None:
         """Close ``inner``."""
@@ -222,8 +222,8 @@ class _AsyncView:
     def sessions(self, session_class: type) -> Callable[[Invoke], Invoke]:
         return session_opener(self._inner, session_class)
 
-    def known(self, digests: Mapping[str, int]) -> set[str]:
-        return self._inner.known(digests)
+    def known(self, events: Sequence[Event]) -> set[str]:
+        return self._inner.known(events)
 
     def close(self) -> None:
         """Nothing: the recorder closes its inner store, which closes this one's."""

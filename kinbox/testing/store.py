@@ -14,7 +14,7 @@ suite (``tests/contract``) runs the same tests over it and the real store.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
@@ -407,14 +407,14 @@ class FakeStore:
         with self.transaction() as tx:
             return drive(program, tx, tx.wait)
 
-    def known(self, digests: Mapping[str, int]) -> set[str]:
-        """See :meth:`~kinbox.core.inbox.InboxStore.known`: committed rows with those digests.
+    def known(self, events: Sequence[Event]) -> set[str]:
+        """See :meth:`~kinbox.core.inbox.InboxStore.known`: committed rows of the same payloads.
 
         Never waits: while a transaction is open it reads the rows as they
         were before it began, so its claims are never seen uncommitted. The
         knobs apply as to a claim's ids: ``fail_skims`` and ``refuse_id``.
         """
-        ids = list(digests)
+        ids = [e.id for e in events]
         self.skims.append(sorted(ids))
         if self.fail_skims:
             self.fail_skims -= 1
@@ -423,10 +423,7 @@ class FakeStore:
         if refused:
             raise StoreError(f"DataError: cannot send event id {refused[0]!r}", transient=False)
         rows = self.status if self._before is None else self._before
-        return {
-            i for i in ids
-            if i in rows and payload_digest(self.claimed[i].value) == digests[i]
-        }  # fmt: skip
+        return {e.id for e in events if e.id in rows and _same(self.claimed[e.id], e)}
 
     def for_async(self) -> FakeStore:
         """Itself: its transactions also run async handlers (:meth:`FakeTransaction.wait`)."""
@@ -435,3 +432,14 @@ class FakeStore:
     def close(self) -> None:
         """Mark the store closed."""
         self.closed = True
+
+
+def _same(first: Event, again: Event) -> bool:
+    """Whether ``again`` carries the payload of the record that claimed its id, ``first``.
+
+    As the real store judges it: a record at the same position is that
+    record; elsewhere, the payloads' digests are compared.
+    """
+    if (first.topic, first.partition, first.offset) == (again.topic, again.partition, again.offset):
+        return True
+    return payload_digest(first.value) == payload_digest(again.value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -141,8 +141,8 @@ def test_a_store_that_cannot_run_async_handlers_is_refused_at_start() -> None:
         def run(self, program: Any) -> Any:
             return self._store.run(program)
 
-        def known(self, digests: Mapping[str, int]) -> set[str]:
-            return self._store.known(digests)
+        def known(self, events: Sequence[Event]) -> set[str]:
+            return self._store.known(events)
 
         def close(self) -> None: ...
 

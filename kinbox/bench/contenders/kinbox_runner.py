@@ -13,7 +13,7 @@ at-least-once: a duplicate is applied again, and the check counts it.
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
+from collections.abc import Sequence
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -151,7 +151,7 @@ class InboxOff:
         """``program`` in the real store, its claim taking every event as fresh."""
         return self._inner.run(lambda tx: rewrite(program(tx), _no_claim))
 
-    def known(self, digests: Mapping[str, int]) -> set[str]:
+    def known(self, events: Sequence[Event]) -> set[str]:
         """None: without an inbox nothing is recorded."""
         return set()
 
