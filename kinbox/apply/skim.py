@@ -6,12 +6,11 @@ applied before a rebalance — its next records are most likely duplicates as
 well. The runner then hands the batch processor a *run* of up to
 :data:`RUN_BATCHES` batches at once and asks it to skim: every id of the run
 is looked up in ``processed_events`` in one read-only statement, outside any
-transaction (:meth:`~kinbox.core.inbox.InboxStore.known`), with its offset.
-Events found there with the same payload are dropped before their batch's
-transaction: a row claimed at the event's own position holds that very
-record, so a replay digests nothing; a row claimed elsewhere has its digest
-compared (one with another digest reuses its id: it goes to the claim, which
-reports it). A batch left with nothing opens no transaction at all. What
+transaction (:meth:`~kinbox.core.inbox.InboxStore.known`), with its payload's
+digest. Events found there with the same digest are dropped before their
+batch's transaction (a row with another digest means a reused id: that
+event goes to the claim, which reports it). A batch left with nothing opens
+no transaction at all. What
 is left is applied exactly as before: each batch of the run in its own
 transaction, its claim deciding what is fresh.
 

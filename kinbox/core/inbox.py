@@ -212,10 +212,9 @@ class InboxStore(Protocol):
         ``processed_events``, cheaper than a claim and without a transaction
         around it (:mod:`kinbox.apply.skim`). An id found is a duplicate for
         good: a committed row only ever goes by retention, so the claim would
-        drop its events as well. A row claimed by the record at the event's
-        own position holds that very record (a partition's records never
-        change), so only a row claimed elsewhere has its payload digest
-        compared (:mod:`kinbox.core.reuse`). An id not found may be fresh, or
+        drop its events as well. An id counts as found only when its row
+        holds the event's payload digest (:mod:`kinbox.core.reuse`), or none
+        (a row claimed before digests were kept). An id not found may be fresh, or
         claimed by a transaction still open, or recorded with another payload
         (a reused id); each is left to the claim, which decides, and reports
         a reuse. Never waits for another transaction.

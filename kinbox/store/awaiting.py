@@ -39,7 +39,7 @@ from kinbox.store.errors import aborted_at_commit, translate
 from kinbox.store.loop import LoopThread
 from kinbox.store.postgres import PostgresInboxStore
 from kinbox.store.statements import InboxStatements
-from kinbox.store.transaction import aborted, known_ids, known_params, unsendable
+from kinbox.store.transaction import aborted, known_params, unsendable
 
 T = TypeVar("T")
 
@@ -150,7 +150,7 @@ class AsyncPostgresInboxStore:
             raise translate(exc) from exc
         except ValueError as exc:  # an id the client encoding cannot encode
             raise unsendable(exc) from exc
-        return known_ids(events, rows)
+        return {row[0] for row in rows}
 
     def close(self) -> None:
         """Close the pool, then stop the loop."""

@@ -46,7 +46,6 @@ from kinbox.store.transaction import (
     conflict,
     dead_letter,
     in_order,
-    known_ids,
     known_params,
     outage,
     raise_if_aborted,
@@ -159,7 +158,7 @@ class PostgresInboxStore:
             raise translate(exc) from exc
         except ValueError as exc:  # an id the client encoding cannot encode
             raise StoreError(describe(exc), transient=False) from exc
-        return known_ids(events, rows)
+        return {row[0] for row in rows}
 
     def close(self) -> None:
         """Close the pool."""

@@ -8,7 +8,9 @@ letters from it); step 4 adds ``payload_hash`` (the digest of the claimed
 record's value, :mod:`kinbox.core.reuse`) and the ``reused_event_ids`` table,
 where a duplicate whose payload differs is recorded; step 5 adds the
 ``parked`` status and the ``parked_keys`` and ``parked_events`` tables of
-key-ordered parking (:mod:`kinbox.core.parking`). Its primary key
+key-ordered parking (:mod:`kinbox.core.parking`); step 6 rebuilds the
+primary key to carry ``payload_hash`` beside its keys, so that a replay's
+look-up reads the index alone. Its primary key
 ``(consumer, event_id)`` *is* the dedup guarantee: the claim ``INSERT ...
 ON CONFLICT DO NOTHING`` of a second delivery conflicts with the first one's
 row (or waits for the first one's transaction, if it is still open) and
@@ -156,6 +158,27 @@ def _add_parking(schema: sql.Identifier) -> list[sql.Composed]:
     ]
 
 
+def _cover_payload_hash(schema: sql.Identifier) -> list[sql.Composed]:
+    return [
+        # The skim's look-up (kinbox.apply.skim) asks, per id, for the row's
+        # digest: with the digest in the key's index, that is an index-only
+        # probe, where it would otherwise read a heap page per id. The new
+        # index is built first, while reads go on (writes wait for it); a
+        # team with a large table builds it beforehand with CREATE UNIQUE
+        # INDEX CONCURRENTLY under this name (docs/operations.md), and this
+        # step then only swaps the constraint over to it.
+        sql.SQL(
+            "CREATE UNIQUE INDEX IF NOT EXISTS processed_events_covering_key"
+            " ON {}.processed_events (consumer, event_id) INCLUDE (payload_hash)"
+        ).format(schema),
+        sql.SQL(
+            "ALTER TABLE {}.processed_events DROP CONSTRAINT processed_events_pkey,"
+            " ADD CONSTRAINT processed_events_pkey PRIMARY KEY"
+            " USING INDEX processed_events_covering_key"
+        ).format(schema),
+    ]
+
+
 INBOX = Component(
     "inbox",
     [
@@ -164,6 +187,7 @@ INBOX = Component(
         _add_trace_id_and_verdict_index,
         _add_payload_hash_and_reused_ids,
         _add_parking,
+        _cover_payload_hash,
     ],
 )
 """The inbox component; ``kinbox migrate`` brings it to ``INBOX.version``."""

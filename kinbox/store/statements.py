@@ -100,18 +100,16 @@ _RECLAIM = (
 # id. The LIMIT keeps the subquery from being flattened into a join, so every
 # plan is this nested loop: a join's plan chooses by the consumer's estimated
 # row count, and on stale statistics (a freshly emptied table that grew
-# since) it read the consumer's whole index for every batch. Each id found
-# comes with its row's digest, or NULL when the row was claimed by the record
-# at the same position (the same record: nothing to compare) or holds none;
-# the caller compares a digest with the record's (kinbox.store.transaction),
-# so a replay, which meets its records at their own positions, digests none.
+# since) it read the consumer's whole index for every batch. An id is known
+# when its row holds the record's digest, or none (claimed before digests
+# were kept). The primary key carries the digest (schema step 6), so each
+# probe reads the index alone, as one without the comparison would.
 _KNOWN = (
-    "SELECT c.event_id, CASE WHEN p.topic = %(topic)s AND p.partition = %(partition)s"
-    ' AND p."offset" = c.off THEN NULL ELSE p.payload_hash END'
-    " FROM unnest(%(ids)s::text[], %(offsets)s::bigint[]) AS c(event_id, off)"
-    ' CROSS JOIN LATERAL (SELECT q.topic, q.partition, q."offset", q.payload_hash'
-    " FROM {}.processed_events q"
+    "SELECT c.event_id"
+    " FROM unnest(%(ids)s::text[], %(hashes)s::bigint[]) AS c(event_id, hash)"
+    " CROSS JOIN LATERAL (SELECT q.payload_hash FROM {}.processed_events q"
     " WHERE q.consumer = %(consumer)s AND q.event_id = c.event_id LIMIT 1) AS p"
+    " WHERE p.payload_hash IS NULL OR p.payload_hash = c.hash"
 )
 # Reused ids: runs only when a claim dropped duplicates, after it, in its
 # transaction, over those duplicates alone (one partition's). Each row is

@@ -118,25 +118,12 @@ _NAMES = ("consumer", "topic", "partition", "ids", "offsets", "traces", "hashes"
 
 
 def known_params(consumer: str, events: Sequence[Event]) -> dict[str, Any]:
-    """The look-up's parameters (:attr:`InboxStatements.known`) for one partition's ``events``."""
-    first = events[0]
+    """The look-up's parameters (:attr:`InboxStatements.known`) for ``events``: ids and digests."""
     return {
-        "consumer": consumer, "topic": first.topic, "partition": first.partition,
-        "ids": text_array([e.id for e in events]), "offsets": int_array(e.offset for e in events),
-    }  # fmt: skip
-
-
-def known_ids(events: Sequence[Event], rows: Sequence[Sequence[Any]]) -> set[str]:
-    """Of the look-up's ``rows`` for ``events``: the ids recorded with the same payload.
-
-    A row's digest is there only where its row was claimed at another
-    position; only those events are digested and compared.
-    """
-    elsewhere = {row[0] for row in rows if row[1] is not None}
-    if not elsewhere:
-        return {row[0] for row in rows}
-    values = {e.id: e.value for e in events if e.id in elsewhere}
-    return {row[0] for row in rows if row[1] is None or payload_digest(values[row[0]]) == row[1]}
+        "consumer": consumer,
+        "ids": text_array([e.id for e in events]),
+        "hashes": int_array(payload_digests([e.value for e in events])),
+    }
 
 
 def _by_partition(consumer: str, events: Sequence[Event]) -> list[tuple[Any, ...]]:

@@ -33,6 +33,7 @@ from kinbox.store.awaiting import MixedInboxStore
 from kinbox.store.migrations import Component
 from kinbox.store.postgres import apply_migrations
 from kinbox.store.schema import INBOX
+from kinbox.store.statements import InboxStatements
 from tests.conftest import MakeTopic
 from tests.integration.inbox_support import effects, settings
 from tests.integration.ops_support import ROOT
@@ -200,3 +201,48 @@ def test_rows_claimed_before_digests_were_kept_never_report(stack: Stack, schema
         store.close()
     assert [(s.event.id, s.event.offset, s.first_offset) for s in found] == [("new", 7, 6)]
     assert found_async == []  # the same records again: recorded once
+
+
+@pytest.mark.parametrize("built_beforehand", [False, True], ids=["by-migrate", "concurrently"])
+def test_the_primary_key_carries_the_digest_so_a_look_up_reads_the_index_alone(
+    stack: Stack, schema: str, built_beforehand: bool
+) -> None:
+    # Given an inbox at version 5 holding a claimed row with its digest
+    before = Component("inbox", INBOX.steps[:5])
+    apply_migrations(stack.database_url, schema, [before])
+    table = sql.Identifier(schema)
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                'INSERT INTO {}.processed_events (consumer, event_id, topic, partition, "offset",'
+                " payload_hash) VALUES ('g', 'a', 't', 0, 0, 7)"
+            ).format(table)
+        )
+        if built_beforehand:  # as docs/operations.md tells a team with a large table
+            statement = (ROOT / "docs_src/operations/covering_key.sql").read_text()
+            conn.execute(statement.replace(" kinbox.", f" {table.as_string(conn)}.").encode())
+    # When it is migrated to this version
+    assert apply_migrations(stack.database_url, schema, [INBOX])["inbox"] == (5, INBOX.version)
+    with psycopg.connect(stack.database_url) as conn:
+        # Then the primary key is the one index over the ids, carrying the digest
+        indexes = conn.execute(
+            "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index"
+            " WHERE indrelid = %s::regclass AND indisunique",
+            (f"{sql.Identifier(schema).as_string(conn)}.processed_events",),
+        ).fetchall()
+        shapes = [(name.rsplit(".", 1)[-1], define.split(" USING ")[1]) for name, define in indexes]
+        assert shapes == [
+            ("processed_events_pkey", "btree (consumer, event_id) INCLUDE (payload_hash)")
+        ]
+        # the row kept, still a duplicate for a claim
+        assert conn.execute(
+            sql.SQL("SELECT event_id, payload_hash FROM {}.processed_events").format(table)
+        ).fetchall() == [("a", 7)]
+        # and the skim's look-up is planned as an index-only scan of it
+        conn.execute("SET LOCAL enable_seqscan = off")
+        conn.execute("SET LOCAL enable_bitmapscan = off")
+        plan = conn.execute(
+            b"EXPLAIN " + InboxStatements.of(schema).known,
+            {"consumer": "g", "ids": "{a}", "hashes": "{7}"},
+        ).fetchall()
+        assert any("Index Only Scan using processed_events_pkey" in line for (line,) in plan), plan
