@@ -103,13 +103,15 @@ _RECLAIM = (
 # since) it read the consumer's whole index for every batch. An id is known
 # when its row holds the record's digest, or none (claimed before digests
 # were kept). The primary key carries the digest (schema step 6), so each
-# probe reads the index alone, as one without the comparison would.
+# probe reads the index alone, as one without the comparison would. The
+# digests come packed, eight bytes each in the ids' order
+# (kinbox.core.reuse.packed_digests).
 _KNOWN = (
-    "SELECT c.event_id"
-    " FROM unnest(%(ids)s::text[], %(hashes)s::bigint[]) AS c(event_id, hash)"
+    "SELECT c.event_id FROM unnest(%(ids)s::text[]) WITH ORDINALITY AS c(event_id, n)"
     " CROSS JOIN LATERAL (SELECT q.payload_hash FROM {}.processed_events q"
     " WHERE q.consumer = %(consumer)s AND q.event_id = c.event_id LIMIT 1) AS p"
-    " WHERE p.payload_hash IS NULL OR p.payload_hash = c.hash"
+    " WHERE p.payload_hash IS NULL"
+    " OR int8send(p.payload_hash) = substring(%(hashes)s::bytea FROM c.n::integer * 8 - 7 FOR 8)"
 )
 # Reused ids: runs only when a claim dropped duplicates, after it, in its
 # transaction, over those duplicates alone (one partition's). Each row is

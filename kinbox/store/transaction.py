@@ -19,7 +19,7 @@ from kinbox.core.errors import ConflictError, StoreError
 from kinbox.core.event import Event
 from kinbox.core.inbox import first_occurrences
 from kinbox.core.parking import KeyState
-from kinbox.core.reuse import Sighting, payload_digest, payload_digests
+from kinbox.core.reuse import Sighting, packed_digests, payload_digest, payload_digests
 from kinbox.core.steps import Park
 from kinbox.core.traceparent import trace_id
 from kinbox.store.arrays import hex_array, int_array, text_array
@@ -122,7 +122,7 @@ def known_params(consumer: str, events: Sequence[Event]) -> dict[str, Any]:
     return {
         "consumer": consumer,
         "ids": text_array([e.id for e in events]),
-        "hashes": int_array(payload_digests([e.value for e in events])),
+        "hashes": packed_digests([e.value for e in events]),
     }
 
 

@@ -243,6 +243,6 @@ def test_the_primary_key_carries_the_digest_so_a_look_up_reads_the_index_alone(
         conn.execute("SET LOCAL enable_bitmapscan = off")
         plan = conn.execute(
             b"EXPLAIN " + InboxStatements.of(schema).known,
-            {"consumer": "g", "ids": "{a}", "hashes": "{7}"},
+            {"consumer": "g", "ids": "{a}", "hashes": (7).to_bytes(8, "big")},
         ).fetchall()
         assert any("Index Only Scan using processed_events_pkey" in line for (line,) in plan), plan

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from kinbox.core.event import Event
 from kinbox.core.record import Record
-from kinbox.core.reuse import Sighting, payload_digest, payload_digests
+from kinbox.core.reuse import Sighting, packed_digests, payload_digest, payload_digests
 from kinbox.store.statements import InboxStatements
 from kinbox.store.transaction import ReusedPlan
 from kinbox.testing import FakeStore, record
@@ -46,6 +46,13 @@ def test_the_digest_is_a_stable_bigint_that_tells_payloads_apart() -> None:
 @given(st.lists(st.binary(max_size=64), max_size=50))
 def test_the_digests_of_many_values_are_each_ones_digest(values: list[bytes]) -> None:
     assert list(payload_digests(values)) == [payload_digest(v) for v in values]
+
+
+@given(st.lists(st.binary(max_size=64), max_size=50))
+def test_packed_digests_are_each_ones_bigint_as_postgresql_sends_it(values: list[bytes]) -> None:
+    # int8send: eight bytes, big-endian, two's complement
+    packed = b"".join(payload_digest(v).to_bytes(8, "big", signed=True) for v in values)
+    assert packed_digests(values) == packed
 
 
 def rec(offset: int, event_id: str, value: bytes) -> Record:
