@@ -10,9 +10,8 @@ transaction (:meth:`~kinbox.core.inbox.InboxStore.known`), with its payload's
 digest. Events found there with the same digest are dropped before their
 batch's transaction (a row with another digest means a reused id: that
 event goes to the claim, which reports it). A batch left with nothing opens
-no transaction at all. What
-is left is applied exactly as before: each batch of the run in its own
-transaction, its claim deciding what is fresh.
+no transaction at all. What is left is applied exactly as before: each batch
+of the run in its own transaction, its claim deciding what is fresh.
 
 Why this keeps every event's effect exactly once: an id the look-up finds is
 in a committed row, and a committed row only ever goes by retention (whose

@@ -38,8 +38,8 @@ def payload_digest(value: bytes) -> int:
 def payload_digests(values: Iterable[bytes]) -> array[int]:
     """The digests of ``values``, in order: :func:`payload_digest` of each, in fewer steps.
 
-    A replay's skim digests every record it looks up, so this is on its path:
-    the unsigned digests go into an array of unsigned 64-bit machine words,
+    A claim digests every event it takes, so this is on its path: the
+    unsigned digests go into an array of unsigned 64-bit machine words,
     whose bytes are then read as signed ones (the same two's complement
     reading), instead of two integer operations per value in Python.
     """
