@@ -120,6 +120,9 @@ def test_known_compares_payloads_even_at_the_claims_own_position(inbox: StoreSid
     # starting its offsets over) is not: its claim reports the reuse
     assert inbox.store.known([ev("a", 0, b"1"), ev("b", 7, b"1")]) == {"a", "b"}
     assert inbox.store.known([ev("a", 0, b"2")]) == set()
+    moved = Event(id="b", topic="elsewhere", partition=1, offset=1, key=None, value=b"1")
+    assert inbox.store.known([moved]) == {"b"}
+    assert inbox.store.known([moved._replace(value=b"2")]) == set()
     assert claimed_and_reused(inbox.store, ev("a", 0, b"2")) == [("a", 0, 0)]
 
 
