@@ -228,7 +228,7 @@ def test_the_primary_key_carries_the_digest_so_a_look_up_reads_the_index_alone(
         indexes = conn.execute(
             "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index"
             " WHERE indrelid = %s::regclass AND indisunique",
-            (f"{sql.Identifier(schema).as_string(conn)}.processed_events",),
+            (f"{table.as_string(conn)}.processed_events",),
         ).fetchall()
         shapes = [(name.rsplit(".", 1)[-1], define.split(" USING ")[1]) for name, define in indexes]
         assert shapes == [
