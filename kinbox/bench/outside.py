@@ -23,7 +23,9 @@ contender::
       worker's stage stamps of 1 event in ``stage_every`` (kinbox.ops.stamps)
 
 Nothing of the run is left out as warm-up: the first window is a window
-like the others, as a deployment's first seconds after a restart are.
+like the others, as a deployment's first seconds after a restart are. Only
+the producer is ready before its clock starts, as a service's long-lived
+producer is (:mod:`kinbox.bench.feeder`).
 
 **drain** — a backlog waiting in the topic (the harness produces it before
 the first run); per contender: start the consumer, time it from outside by
@@ -156,7 +158,7 @@ def latency(ctx: Context, job: Job, offer: Offer) -> RunResult:
     notes = result.notes
     notes.update(
         offered_per_s=offer.rate, producer=offer.producer, seconds=sizes.latency_seconds,
-        feeder_behind_max_ms=fed.get("behind_max_ms"),
+        feeder_behind_max_ms=fed.get("behind_max_ms"), producer_ready_ms=fed.get("ready_ms"),
     )  # fmt: skip
     if cpu_before is not None and cpu_after is not None:
         used = cpu_after - cpu_before

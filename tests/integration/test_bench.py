@@ -173,6 +173,8 @@ def test_quick_mode_runs_and_checks_every_contender_in_every_scenario(
                 w["p99_ms"] for w in notes["windows"]
             )
             assert notes["cpu_us_per_event"] > 0 and notes["cores"] > 0, latency
+            # The feeder's clock started once its producer was ready (its id, if idempotent)
+            assert notes["producer_ready_ms"] >= 0, latency
             # The machine probe watched the run from its own process.
             assert 0 <= notes["steal_pct"] <= 100 and 0 <= notes["busy_pct"] <= 100, latency
             assert 0 <= notes["wake_late_p50_ms"] <= notes["wake_late_p99_ms"], latency

@@ -104,3 +104,39 @@ def test_kinbox_is_started_as_a_user_starts_it_and_the_shell_cannot_tune_it() ->
     ]  # fmt: skip
     shell = {"PATH": "/bin", "KINBOX_BATCH_MAX_WAIT": "5", "KINBOX_FAILPOINTS": "x=kill@1"}
     assert deploy.untuned(shell) == {"PATH": "/bin", "KINBOX_FAILPOINTS": "x=kill@1"}
+
+
+class _StartingProducer:
+    """A producer whose id comes with its third poll; it knows every topic at once."""
+
+    def __init__(self, assigned: list[bool], polls_before_id: int | None) -> None:
+        self.assigned, self.left, self.polls = assigned, polls_before_id, 0
+        self.asked: list[str] = []
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.asked.append(topic)
+
+    def poll(self, timeout: float) -> int:
+        self.polls += 1
+        if self.left is not None:
+            self.left -= 1
+            self.assigned[0] = self.assigned[0] or self.left <= 0
+        return 0
+
+
+def test_the_feeders_clock_starts_once_its_producer_has_its_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assigned = [False]
+    producer = _StartingProducer(assigned, polls_before_id=3)
+    feeder._ready(producer, "t", assigned)  # type: ignore[arg-type]
+    assert producer.asked == ["t"] and producer.polls == 3 and assigned == [True]
+    # A plain producer needs only the topic's metadata
+    plain = _StartingProducer([True], polls_before_id=None)
+    feeder._ready(plain, "t", [True])  # type: ignore[arg-type]
+    assert plain.asked == ["t"] and plain.polls == 0
+    # A producer that never gets its id fails the run rather than feeding late
+    monkeypatch.setattr(feeder, "READY_WAIT", 0.05)
+    never = [False]
+    with pytest.raises(TimeoutError, match="producer id"):
+        feeder._ready(_StartingProducer(never, polls_before_id=None), "t", never)  # type: ignore[arg-type]
