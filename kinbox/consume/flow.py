@@ -171,7 +171,7 @@ class BatchFlow:
                 continue
             attempt = self.backoff.attempt(tp, batch[0].offset)
             work = partial(self._processor.process, batch, attempt, skim=skim)
-            self._inflight.submit(tp, work, self._label(tp, batch))
+            self._inflight.submit(tp, work, partial(self._label, tp, batch))
             started = True
         self.lanes.unhold()
         return started

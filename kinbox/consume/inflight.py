@@ -44,7 +44,7 @@ import traceback
 from collections.abc import Callable, Collection
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kinbox.core.describe import describe
 from kinbox.core.errors import ExitRequested
@@ -63,15 +63,24 @@ after as many more each time."""
 Finished = list[tuple[Partition, "Future[BatchResult]"]]
 
 
+Label = str | Callable[[], str]
+"""What a batch is, for the reports of one that runs long: text, or what makes it when asked."""
+
+
 @dataclass
 class _Batch:
-    future: Future[BatchResult]
     started: float
-    label: str
+    named: Label
+    future: Future[BatchResult] = field(init=False)
     orphan: bool = False
     told: bool = False  # "still running" said already
     reported: float = 0.0  # when it was last reported stuck (monotonic)
     thread: int | None = None  # the batch thread's ident, once it runs
+
+    @property
+    def label(self) -> str:
+        """What the batch is (made only when a report needs it: most batches never do)."""
+        return self.named if isinstance(self.named, str) else self.named()
 
 
 class InFlight:
@@ -103,14 +112,14 @@ class InFlight:
         """Whether every worker has a batch."""
         return len(self._batches) >= self.workers
 
-    def submit(self, tp: Partition, work: Callable[[], BatchResult], label: str = "") -> None:
+    def submit(self, tp: Partition, work: Callable[[], BatchResult], label: Label = "") -> None:
         """Start ``work``, the next batch of ``tp`` (which has none in flight).
 
         ``label`` says what the batch is (its handler, its records) in the
-        reports of a batch that runs long.
+        reports of a batch that runs long; a callable is called only then.
         """
         assert tp not in self._batches, f"{tp} already has a batch in flight"
-        batch = _Batch(Future(), time.monotonic(), label or str(tp))
+        batch = _Batch(time.monotonic(), label or str(tp))
         self._batches[tp] = batch
 
         def run() -> BatchResult:
