@@ -107,7 +107,7 @@ def test_kinbox_is_started_as_a_user_starts_it_and_the_shell_cannot_tune_it() ->
 
 
 class _StartingProducer:
-    """A producer whose id comes with its third poll; it knows every topic at once."""
+    """A producer whose id comes with its n-th poll (never, for None); it knows every topic."""
 
     def __init__(self, assigned: list[bool], polls_before_id: int | None) -> None:
         self.assigned, self.left, self.polls = assigned, polls_before_id, 0
