@@ -4,7 +4,9 @@ Each latency run is one contender under one offer (``latency-<rate>-<producer>``
 its produce → committed percentiles over the run, its worst window, its CPU
 per event beside the hand-written inbox's in the same run, and what the
 machine did meanwhile. The stage split of kinbox's runs gets a table of its
-own. The drain runs give kinbox's rate over the hand-written inbox's.
+own. The drain runs give kinbox's rate over the hand-written inbox's, and
+the per-event handler's over the hand-written inbox that writes one row per
+event as it does.
 """
 
 from __future__ import annotations
@@ -12,11 +14,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kinbox.bench.contenders import HAND
+from kinbox.bench.contenders import HAND, HAND_EACH
 from kinbox.bench.results import Summary, find
 
-SHORT = {"kinbox-each": "each", "kinbox-batch": "batch", HAND: "hand"}
+SHORT = {"kinbox-each": "each", "kinbox-batch": "batch", HAND: "hand", HAND_EACH: "hand_each"}
 """The headline's short names of the outside contenders."""
+
+DRAIN_PAIRS = (
+    ("kinbox-each", HAND), ("kinbox-batch", HAND), (HAND_EACH, HAND), ("kinbox-each", HAND_EACH)
+)  # fmt: skip
+"""The drain's ratios, (contender, baseline): each over the set-based inbox, and the per-event
+handler also over the hand-written inbox that writes one row per event as it does."""
 
 
 def _is_latency(scenario: str) -> bool:
@@ -26,7 +34,8 @@ def _is_latency(scenario: str) -> bool:
 def headline(summaries: Sequence[Summary]) -> dict[str, float | None]:
     """Per offer and contender: p50, p99, worst window, CPU per event (and over the hand-written's).
 
-    Per drain contender: its rate over the hand-written inbox's, with and without start-up.
+    Per drain contender: its rate over the hand-written inbox's, with and without start-up;
+    the per-event handler's also over the hand-written inbox's per-event twin.
     """
     out: dict[str, float | None] = {}
     for s in summaries:
@@ -41,17 +50,17 @@ def headline(summaries: Sequence[Summary]) -> dict[str, float | None]:
         out[f"{short}_{name}_cpu_us_per_event"] = cpu
         hand = find(summaries, s.scenario, HAND)
         theirs = hand.notes.get("cpu_us_per_event") if hand is not None and hand.ok else None
-        if short != "hand":
+        if s.contender != HAND:
             out[f"{short}_{name}_cpu_vs_hand"] = cpu / theirs if cpu and theirs else None
-    hand = find(summaries, "drain", HAND)
-    for contender in ("kinbox-each", "kinbox-batch"):
+    for contender, baseline in DRAIN_PAIRS:
         mine = find(summaries, "drain", contender)
-        if mine is None or hand is None or not (mine.comparable and hand.comparable):
+        base = find(summaries, "drain", baseline)
+        if mine is None or base is None or not (mine.comparable and base.comparable):
             continue
-        short = SHORT[contender]
-        out[f"{short}_drain_vs_hand"] = _ratio(mine.rate, hand.rate)
-        out[f"{short}_drain_with_startup_vs_hand"] = _ratio(
-            mine.notes.get("rate_with_startup"), hand.notes.get("rate_with_startup")
+        pair = f"{SHORT[contender]}_drain_vs_{SHORT[baseline]}"
+        out[pair] = _ratio(mine.rate, base.rate)
+        out[pair.replace("_drain_", "_drain_with_startup_")] = _ratio(
+            mine.notes.get("rate_with_startup"), base.notes.get("rate_with_startup")
         )
     return out
 

@@ -29,7 +29,8 @@ latency    measured from outside, as a team deploys and watches it
            where the time goes stage by stage. The hand-written streaming
            inbox is measured the same way beside it.
 drain      a backlog waiting in the topic, drained by ``kinbox worker`` (and
-           the hand-written streaming inbox) started from outside.
+           the hand-written streaming inbox, set-based and with one INSERT
+           per event) started from outside.
 memory     a backlog of 1 KB events: peak RSS of the consumer process.
 outbox     the outbox relay: a backlog's throughput, and commit → consumer
            latency woken by LISTEN/NOTIFY and by polling only; then the same
@@ -45,12 +46,13 @@ slow-keys  handlers that wait on the database: 10,000 records in ONE
            (:mod:`kinbox.bench.slowkeys`).
 ========== ===================================================================
 
-Which contenders: every one but the streaming hand-written inbox runs the
+Which contenders: every one but the streaming hand-written inboxes runs the
 consumer scenarios, except that the inbox-off contender has no claim to
 slow down in ``large``; ``latency`` and ``drain`` set kinbox's per-event and
 batch handlers beside the streaming hand-written inbox (what a team would
-deploy instead); ``memory`` compares kinbox with the ceiling only (the slow
-contenders would take minutes); ``outbox`` is the relay's and Debezium's —
+deploy instead), and ``drain`` also beside its per-event twin; ``memory``
+compares kinbox with the ceiling only (the slow contenders would take
+minutes); ``outbox`` is the relay's and Debezium's —
 none of the consumers has one; ``slow-keys`` has contenders of its own.
 """
 
@@ -58,13 +60,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kinbox.bench.contenders import CONTENDERS, HAND, SLOW
+from kinbox.bench.contenders import CONTENDERS, HAND, HAND_EACH, SLOW
 
 AWAITED = ("kinbox-each-async", "kinbox-batch-async")
 """kinbox's ``async def`` handlers: run in the clean scenario only, beside their sync twins."""
 
 ALL = tuple(
-    c.name for c in CONTENDERS if c.name != HAND and c.name not in AWAITED and c.name not in SLOW
+    c.name
+    for c in CONTENDERS
+    if c.name not in (HAND, HAND_EACH) and c.name not in AWAITED and c.name not in SLOW
 )
 """The contenders of the scenarios run inside the harness."""
 
@@ -115,7 +119,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         "latency", "latency at offered load, from outside", "latency", contenders=OUTSIDE,
         repeat=1,
     ),
-    Scenario("drain", "a backlog drained, from outside", "drain", contenders=OUTSIDE),
+    Scenario(
+        "drain", "a backlog drained, from outside", "drain", contenders=(*OUTSIDE, HAND_EACH)
+    ),
     Scenario(
         "memory", "backlog of 1 KB events (peak RSS)", "steady",
         contenders=("kinbox-each", "kinbox-batch", "ceiling"), pad=1000, repeat=1,

@@ -157,6 +157,23 @@ def test_a_latency_note_is_the_median_over_the_runs_as_the_whole_is() -> None:
     assert headline["hand_1000_plain_p99_ms"] == 20.0
 
 
+def test_the_per_event_handlers_drain_is_also_set_beside_its_hand_written_twin() -> None:
+    runs = [
+        RunResult("drain", name, 0, rate=rate, notes={"rate_with_startup": rate / 2})
+        for name, rate in (("kinbox-each", 60.0), ("kinbox-batch", 300.0), ("hand", 200.0),
+                           ("hand-each", 75.0))
+    ]  # fmt: skip
+    headline = report.headline(summarise(runs))
+    assert headline["each_drain_vs_hand"] == pytest.approx(0.3)
+    assert headline["batch_drain_vs_hand"] == pytest.approx(1.5)
+    assert headline["hand_each_drain_vs_hand"] == pytest.approx(0.375)
+    assert headline["each_drain_vs_hand_each"] == pytest.approx(0.8)
+    assert headline["each_drain_with_startup_vs_hand_each"] == pytest.approx(0.8)
+    # Without its twin the per-event handler has its ratio over the set-based inbox only.
+    alone = report.headline(summarise([r for r in runs if r.contender != "hand-each"]))
+    assert "each_drain_vs_hand_each" not in alone and "each_drain_vs_hand" in alone
+
+
 def test_a_failed_run_leaves_no_figure_and_the_report_says_failed() -> None:
     runs = [_run("kinbox-batch", 50.0), _run("kinbox-batch", 40.0, 1).failed("2 duplicate effects")]
     runs.append(_run("inbox-off", 90.0, duplicates_applied=7))

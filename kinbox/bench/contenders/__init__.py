@@ -100,6 +100,10 @@ CONTENDERS: tuple[Contender, ...] = (
         f"{_HERE}.setbased:run_streaming",
     ),
     Contender(
+        "hand-each", "hand-written streaming, one INSERT per event (pipelined)",
+        f"{_HERE}.setbased:run_streaming_each",
+    ),
+    Contender(
         "kinbox-partition-order", "kinbox @handler, partition order (5 ms handler)",
         f"{_HERE}.keyorder:run_partition",
     ),
@@ -121,5 +125,7 @@ CEILING = "ceiling"
 """The baseline of the ``xceiling`` column."""
 HAND = "hand"
 """The outside scenarios' baseline: the hand-written inbox a team deploys for latency too."""
+HAND_EACH = "hand-each"
+"""The hand-written streaming inbox with a per-event effect: kinbox's per-event handler's like."""
 SLOW = ("kinbox-partition-order", "kinbox-key-order", "parallel-consumer")
 """The slow-keys scenario's contenders (and no other scenario's)."""

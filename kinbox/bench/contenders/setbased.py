@@ -6,6 +6,10 @@ statement and one set-based effect insert, then one synchronous offset
 commit for the whole poll. Everything happens on the polling thread, one
 step after the other: it waits for each commit's fsync and for the offset
 commit before it fetches again.
+
+:func:`run_streaming_each` is the same streaming inbox with a per-event
+effect: one ``INSERT`` per event, pipelined, as a per-event handler writes
+it. It is what a per-event handler costs with no framework around it.
 """
 
 from __future__ import annotations
@@ -47,20 +51,57 @@ def run_streaming(spec: ChildSpec) -> None:
     events/s queues them until the member's heartbeats time out behind
     them (the same pacing kinbox's worker uses).
     """
+    _consume(spec, _streaming, asynchronous=True)
 
-    def poll(consumer: Consumer) -> list[Message]:
-        first = consumer.consume(1, WAIT)
-        return first + consumer.consume(BATCH - 1, 0) if first else first
 
-    _consume(spec, poll, asynchronous=True)
+def run_streaming_each(spec: ChildSpec) -> None:
+    """:func:`run_streaming` with one ``INSERT`` per event, pipelined (no set-based effect).
+
+    Each event's statement is ``conn.execute`` on the transaction's
+    connection, as a per-event handler's is; more than one go out in one
+    pipeline, as kinbox sends a batch's.
+    """
+    insert = effects.insert_one(spec.schema, spec.table)
+
+    def each(conn: psycopg.Connection[Any], todo: list[tuple[Any, ...]]) -> None:
+        if len(todo) == 1:
+            conn.execute(insert, todo[0])
+            return
+        with conn.pipeline():
+            for row in todo:
+                conn.execute(insert, row)
+
+    _consume(spec, _streaming, asynchronous=True, effect=each)
+
+
+def _streaming(consumer: Consumer) -> list[Message]:
+    first = consumer.consume(1, WAIT)
+    return first + consumer.consume(BATCH - 1, 0) if first else first
+
+
+Effect = Callable[[psycopg.Connection[Any], list[tuple[Any, ...]]], None]
+"""Writes the fresh events' effect rows in the open transaction."""
+
+
+def _set_based(spec: ChildSpec) -> Effect:
+    insert = effects.insert_many(spec.schema, spec.table)
+
+    def write(conn: psycopg.Connection[Any], todo: list[tuple[Any, ...]]) -> None:
+        conn.execute(insert, columns(todo))
+
+    return write
 
 
 def _consume(
-    spec: ChildSpec, poll: Callable[[Consumer], list[Message]], *, asynchronous: bool
+    spec: ChildSpec,
+    poll: Callable[[Consumer], list[Message]],
+    *,
+    asynchronous: bool,
+    effect: Effect | None = None,
 ) -> None:
     stop = StopFlag()
     claim = claim_many(spec.schema)
-    insert = effects.insert_many(spec.schema, spec.table)
+    write = effect or _set_based(spec)
     due: dict[int, int] = {}  # settled, not yet sent (asynchronous commits only)
     answered = [True]  # no asynchronous commit waits for its answer
 
@@ -99,7 +140,7 @@ def _consume(
                     }  # fmt: skip
                     todo = [r for r in unique if r[0] in fresh]
                     if todo:
-                        conn.execute(insert, columns(todo))
+                        write(conn, todo)
                 failpoint("after_db_commit")
                 ends.append(TopicPartition(spec.topic, partition, rows[-1][2] + 1))
             if asynchronous:
