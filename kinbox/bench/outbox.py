@@ -9,7 +9,10 @@ own process (so its peak RSS is its own).
   the relay is started; rows/s between the first and the last row marked
   sent (``sent_at``, the relay's own clock_timestamp() after Kafka
   acknowledged the row), and from the relay's process start to the last
-  row sent (start-up included: what a team sees after a restart).
+  row sent (start-up included: what a team sees after a restart). Beside
+  them, the relay process's CPU time per row (start-up included), and how
+  busy the machine was while rows were still pending: the relay, the
+  database and the broker share it.
 - **latency**: rows committed while the relay runs, each timed from the
   writer's COMMIT returning to a consumer holding the record: by
   ``enqueue``, one at a time (``relay-notify``); by plain SQL at a steady
@@ -28,8 +31,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from kinbox.bench import effects, outbox_sql
+from kinbox.bench import effects, machine, outbox_sql
 from kinbox.bench.context import Context
+from kinbox.bench.cpu import cpu_seconds
 from kinbox.bench.process import Child
 from kinbox.bench.results import RunResult, percentiles
 from kinbox.core.errors import KinboxError
@@ -58,18 +62,23 @@ def run(ctx: Context, schema: str, rep: int) -> list[RunResult]:
     with ctx.connect() as conn:
         commit_backlog(conn, schema, topic, rows)
         table = sql.Identifier(schema, "outbox")
+        idle_before = machine.idle_times()
         relay = _relay(ctx, schema, f"outbox-relay-{rep}")
         backlog = RunResult("outbox", "relay-backlog", rep)
         backlog.notes["write_s"] = round(time.monotonic() - began, 1)
         started = time.monotonic()
         pending = sql.SQL("SELECT count(*) FROM {} WHERE status = 'pending'").format(table)
+        idle_pending = idle_before  # the last look that still saw rows pending
         while True:
             relay.sample_rss()
+            looked = machine.idle_times()
             row = conn.execute(pending).fetchone()
             left = int(row[0]) if row else -1
             ctx.tick(1 - left / max(1, rows) if left >= 0 else 0.0)
             if left == 0:
+                used = cpu_seconds(relay.pid)
                 break
+            idle_pending = looked
             if not relay.alive() or time.monotonic() - started > 120 + rows / 100:
                 raise KinboxError(f"relay: {left} rows still pending\n{relay.log_tail()}")
             # Not faster: the count reads every pending row's index entry, and
@@ -91,6 +100,11 @@ def run(ctx: Context, schema: str, rep: int) -> list[RunResult]:
         last = float(span[2]) - effects.clock_offset(conn)
         backlog.notes["rate_with_startup"] = round(rows / max(1e-9, last - relay.started), 1)
         backlog.notes["startup_s"] = round(last - relay.started - (span[1] or 0.0), 2)
+        if used is not None:
+            backlog.notes["cpu_us_per_row"] = round(1e6 * used / rows, 1)
+        busy = machine.busy_share(idle_before, idle_pending)
+        if busy is not None:
+            backlog.notes["busy_pct"] = round(busy, 1)
         backlog.seconds = time.monotonic() - started
         results.append(backlog)
         results.append(timed_latency(ctx, conn, schema, topic, "relay-notify", rep))

@@ -124,6 +124,8 @@ def headline(summaries: Sequence[Summary]) -> dict[str, float | None]:
         "relay_backlog_with_startup_rows_per_s": note(
             "outbox", "relay-backlog", "rate_with_startup"
         ),
+        "relay_backlog_cpu_us_per_row": note("outbox", "relay-backlog", "cpu_us_per_row"),
+        "relay_backlog_busy_pct": note("outbox", "relay-backlog", "busy_pct"),
         "relay_sql_p50_ms": get("outbox", "relay-sql", "p50_ms"),
         "relay_sql_p99_ms": get("outbox", "relay-sql", "p99_ms"),
         "trigger_single_insert_added_us": note("outbox", "trigger", "single_added_us"),

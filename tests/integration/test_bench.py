@@ -191,7 +191,12 @@ def test_quick_mode_runs_and_checks_every_contender_in_every_scenario(
     assert by[("outbox", "relay-sql")].records == round(sizes.outbox_sql_rate * 0.5)
     trigger = by[("outbox", "trigger")].notes
     assert trigger["single_on_us"] > 0 and trigger["multi100_off_us"] > 0, trigger
-    assert by[("outbox", "relay-backlog")].effects == sizes.outbox_rows
+    backlog = by[("outbox", "relay-backlog")]
+    assert backlog.effects == sizes.outbox_rows
+    # The relay's CPU per row, and the machine's share busy while rows were pending
+    # (none when the first look found the small backlog already sent).
+    assert backlog.notes["cpu_us_per_row"] > 0, backlog
+    assert 0 < backlog.notes.get("busy_pct", 50) <= 100, backlog
     assert by[("outbox", "relay-notify")].p50_ms is not None
 
     data = report.to_json(target, sizes, outcome)

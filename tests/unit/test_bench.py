@@ -263,13 +263,23 @@ def test_report_names_the_cdc_runs_and_says_when_it_was_skipped() -> None:
     from kinbox.bench.harness import NO_CONNECT
 
     runs = [
-        RunResult("outbox", "relay-backlog", 0, rate=1000.0),
+        RunResult(
+            "outbox",
+            "relay-backlog",
+            0,
+            rate=1000.0,
+            notes={"cpu_us_per_row": 25.0, "busy_pct": 80.0},
+        ),
         RunResult("outbox", "debezium-backlog", 0, rate=4000.0),
         RunResult("outbox", "debezium-latency", 0, p50_ms=12.0, p99_ms=20.0),
     ]
     headline = report.headline(summarise(runs))
     assert headline["debezium_vs_relay_backlog"] == pytest.approx(4.0)
     assert headline["debezium_p50_ms"] == 12.0
+    assert (headline["relay_backlog_cpu_us_per_row"], headline["relay_backlog_busy_pct"]) == (
+        25.0,
+        80.0,
+    )
     data = {
         "header": {"kafka": "4", "postgresql": {"version": "15", "fsync": "on",
                    "synchronous_commit": "on"}, "librdkafka": "2", "confluent_kafka": "2",
