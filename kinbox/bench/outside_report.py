@@ -57,9 +57,9 @@ def headline(summaries: Sequence[Summary]) -> dict[str, float | None]:
         base = find(summaries, "drain", baseline)
         if mine is None or base is None or not (mine.comparable and base.comparable):
             continue
-        pair = f"{SHORT[contender]}_drain_vs_{SHORT[baseline]}"
-        out[pair] = _ratio(mine.rate, base.rate)
-        out[pair.replace("_drain_", "_drain_with_startup_")] = _ratio(
+        mine_name, base_name = SHORT[contender], SHORT[baseline]
+        out[f"{mine_name}_drain_vs_{base_name}"] = _ratio(mine.rate, base.rate)
+        out[f"{mine_name}_drain_with_startup_vs_{base_name}"] = _ratio(
             mine.notes.get("rate_with_startup"), base.notes.get("rate_with_startup")
         )
     return out
