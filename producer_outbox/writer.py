@@ -25,8 +25,9 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from kinbox.core.cause import current as current_cause
-from kinbox.core.errors import ConfigurationError, PayloadError, StoreError
+from kinbox.core.errors import ConfigurationError, PayloadError
 from kinbox.core.names import sql_identifier, topic_name
+from kinbox.store.errors import translate
 from producer_outbox import trace_context
 from producer_outbox.debezium import CDC_CONSTRAINT
 from producer_outbox.ids import new_event_id
@@ -109,10 +110,12 @@ _Step = tuple[sql.SQL | sql.Composed | str, tuple[Any, ...]]
 _Steps = Generator[_Step, tuple[Any, ...] | None, uuid.UUID]
 _Connection = psycopg.Connection[Any] | psycopg.Cursor[Any]
 _AsyncConnection = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
+_Link = Callable[[], psycopg.Connection[Any] | psycopg.AsyncConnection[Any]]
+"""The connection under what the caller passed (a cursor's), asked only when needed."""
 
 
 def _has_columns(
-    connection_info: Callable[[], psycopg.ConnectionInfo], schema: str, names: tuple[str, ...]
+    link: _Link, schema: str, names: tuple[str, ...]
 ) -> Generator[_Step, tuple[Any, ...] | None, bool]:
     """Whether the outbox in ``schema`` has every column of ``names`` (asked once per process).
 
@@ -120,7 +123,7 @@ def _has_columns(
     the row) is bookkeeping and must never fail an enqueue: an outbox not yet
     migrated (new code deployed before ``kinbox migrate``) simply records none.
     """
-    info = connection_info()
+    info = link().info
     where = (info.host, info.port, info.dbname, schema, names)
     found = _COLUMNS_FOUND.get(where)
     if found is None:
@@ -178,13 +181,16 @@ def enqueue(
         ConfigurationError: bad topic, schema, key or reserved header name.
         PayloadError: the payload or a header cannot be serialised, or the
             payload is bytes and the outbox is published by CDC.
-        StoreError: the INSERT failed (for instance, the outbox table is missing).
+        StoreError: the INSERT failed. ``transient`` when running the
+            transaction again may succeed (the connection lost, a lock or
+            statement timeout; a deadlock is a ``ConflictError``), not for a
+            missing outbox table or an event id enqueued before.
     """
 
-    def info() -> psycopg.ConnectionInfo:
-        return conn.connection.info if isinstance(conn, psycopg.Cursor) else conn.info
+    def link() -> psycopg.Connection[Any]:
+        return conn.connection if isinstance(conn, psycopg.Cursor) else conn
 
-    steps = _Stepper(_enqueue(info, topic, payload, key, headers, event_id, event_type, schema))
+    steps = _Stepper(_enqueue(link, topic, payload, key, headers, event_id, event_type, schema))
     while (step := steps.next()) is not None:
         try:
             steps.answer(conn.execute(*step).fetchone())
@@ -210,10 +216,10 @@ async def enqueue_async(
     sequence of steps (:func:`_enqueue`), one awaiting each statement.
     """
 
-    def info() -> psycopg.ConnectionInfo:
-        return conn.connection.info if isinstance(conn, psycopg.AsyncCursor) else conn.info
+    def link() -> psycopg.AsyncConnection[Any]:
+        return conn.connection if isinstance(conn, psycopg.AsyncCursor) else conn
 
-    steps = _Stepper(_enqueue(info, topic, payload, key, headers, event_id, event_type, schema))
+    steps = _Stepper(_enqueue(link, topic, payload, key, headers, event_id, event_type, schema))
     while (step := steps.next()) is not None:
         try:
             steps.answer(await (await conn.execute(*step)).fetchone())
@@ -252,7 +258,7 @@ class _Stepper:
 
 
 def _enqueue(
-    info: Callable[[], psycopg.ConnectionInfo],
+    link: _Link,
     topic: str,
     payload: object,
     key: str | None,
@@ -263,7 +269,10 @@ def _enqueue(
 ) -> _Steps:
     """The steps of one enqueue, without I/O: the sync and async drivers run them.
 
-    ``info`` is read only when an optional column must be looked up.
+    ``link`` is asked only when an optional column must be looked up, or
+    when the INSERT failed: whose fault that was is judged as kinbox judges
+    its own statements (:func:`kinbox.store.errors.blame`), so ``transient``
+    means the same here as anywhere in kinbox.
     """
     topic_name(topic)
     schema_id = sql.Identifier(sql_identifier(schema, setting="schema"))
@@ -295,32 +304,27 @@ def _enqueue(
     columns: list[sql.Composable] = []
     values: list[sql.Composable] = []
     traced = trace_context.current()
-    if traced is not None and (yield from _has_columns(info, schema, _TRACE_NAMES)):
+    if traced is not None and (yield from _has_columns(link, schema, _TRACE_NAMES)):
         columns.append(_TRACE_COLUMNS)
         values.append(_TRACE_VALUES)
         params += traced
     cause = current_cause()
-    if cause is not None and (yield from _has_columns(info, schema, _CAUSE_NAMES)):
+    if cause is not None and (yield from _has_columns(link, schema, _CAUSE_NAMES)):
         columns.append(_CAUSE_COLUMNS)
         values.append(_CAUSE_VALUES)
         params += (cause.consumer, cause.event_id)
     statement = sql.SQL(_INSERT).format(schema_id, sql.Composed(columns), sql.Composed(values))
     try:
         yield statement, params
-    except psycopg.errors.CheckViolation as exc:
-        if exc.diag.constraint_name != CDC_CONSTRAINT:
-            raise StoreError(
-                f"cannot enqueue event {event_id} for topic {topic!r} in schema {schema!r}: {exc}",
-                transient=False,
-            ) from exc
-        raise PayloadError(
-            f"cannot enqueue event {event_id} for topic {topic!r}: the outbox in schema "
-            f"{schema!r} is published by Debezium (CDC), which routes JSON payloads only; "
-            "bytes payloads need the relay (see `kinbox outbox debezium-config`)"
-        ) from exc
     except psycopg.Error as exc:
-        raise StoreError(
-            f"cannot enqueue event {event_id} for topic {topic!r} in schema {schema!r}: {exc}",
-            transient=isinstance(exc, psycopg.OperationalError),
-        ) from exc
+        if isinstance(exc, psycopg.errors.CheckViolation) and (
+            exc.diag.constraint_name == CDC_CONSTRAINT
+        ):
+            raise PayloadError(
+                f"cannot enqueue event {event_id} for topic {topic!r}: the outbox in schema "
+                f"{schema!r} is published by Debezium (CDC), which routes JSON payloads only; "
+                "bytes payloads need the relay (see `kinbox outbox debezium-config`)"
+            ) from exc
+        doing = f"cannot enqueue event {event_id} for topic {topic!r} in schema {schema!r}"
+        raise translate(exc, link(), doing=doing) from exc
     return event_id

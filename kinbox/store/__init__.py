@@ -16,7 +16,8 @@ It implements the seam of :mod:`kinbox.core.inbox` (:class:`InboxStore`,
 ``orm``                a SQLAlchemy ``Session`` bound to the inbox transaction
 ``orm_async``          the ``AsyncSession`` twin, for async handlers
 ``errors``             psycopg errors → :class:`~kinbox.core.errors.StoreError`: which are
-                       outages, which are refusals of content
+                       outages, which are refusals of content (shared with
+                       ``producer_outbox``'s writer)
 ``schema``             the inbox's tables, as versioned migration steps
 ``migrations``         applying versioned steps under an advisory lock (shared with
                        ``producer_outbox``)

@@ -135,17 +135,19 @@ def _refuses_writes(conn: Connection | None) -> bool:
 
 
 def translate(
-    exc: BaseException, conn: Connection | None = None, *, own: bool = True
+    exc: BaseException, conn: Connection | None = None, *, own: bool = True, doing: str = ""
 ) -> StoreError:
     """Return the :class:`StoreError` for a psycopg (or pool) exception.
 
     A conflict is a :class:`~kinbox.core.errors.ConflictError`; an outage and a
-    wait are ``transient``. Args: see :func:`blame`.
+    wait are ``transient``. ``doing`` (what failed, for the message) leads the
+    error's own description. Other args: see :func:`blame`.
     """
     verdict = blame(exc, conn, own=own)
+    message = f"{doing}: {describe(exc)}" if doing else describe(exc)
     if verdict == "conflict":
-        return ConflictError(describe(exc))
-    return StoreError(describe(exc), transient=verdict != "event")
+        return ConflictError(message)
+    return StoreError(message, transient=verdict != "event")
 
 
 def behind(exc: BaseException, conn: Connection) -> StoreError | None:

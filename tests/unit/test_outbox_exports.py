@@ -46,7 +46,8 @@ def test_never_imports_consumer_code() -> None:
     # one place that reads fatal errors and refused configurations.
     # kinbox.core.failpoints (the one failpoint grammar) and kinbox.core.lazy (lazy
     # exports) are shared and import nothing of the consumer; kinbox.core.cause
-    # (which inbox event a handler works for) is a leaf the writer reads.
+    # (which inbox event a handler works for) is a leaf the writer reads, and
+    # kinbox.store.errors (whose fault a PostgreSQL error is) a leaf it judges by.
     # The relay's command serves kinbox.ops.health's endpoints, which import
     # only the Kafka seam's types, with kinbox.store.probe's database check,
     # and logs through kinbox.ops.logs, as every kinbox command does; the
@@ -63,6 +64,7 @@ def test_never_imports_consumer_code() -> None:
         "kinbox.ops.health",
         "kinbox.ops.logs",
         "kinbox.store.probe",
+        "kinbox.store.errors",
         "kinbox.core.otel",
         "kinbox.core.otel.instruments",
         "kinbox.core.otel.propagation",

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kinbox.core.errors import ConfigurationError
+from kinbox.core.errors import ConfigurationError, ConflictError, StoreError
 from kinbox.store.migrations import render
 from producer_outbox import PayloadError
 from producer_outbox.schema import OUTBOX, notify_channel
@@ -17,11 +17,15 @@ from producer_outbox.writer import check_headers, encode_payload, enqueue
 
 
 class FakeConnection:
-    def __init__(self) -> None:
+    def __init__(self, fails: psycopg.Error | None = None, *, broken: bool = False) -> None:
         self.calls: list[tuple[Any, Any]] = []
+        self.fails = fails
+        self.broken = broken
 
     def execute(self, statement: Any, params: Any = None) -> FakeConnection:
         self.calls.append((statement, params))
+        if self.fails is not None:
+            raise self.fails
         return self
 
     def fetchone(self) -> None:
@@ -104,6 +108,41 @@ def test_enqueue_validates_before_touching_the_database(args: Any, kwargs: Any) 
     with pytest.raises(ConfigurationError):
         _enqueue(fake, *args, **kwargs)
     assert fake.calls == []
+
+
+@pytest.mark.parametrize(
+    ("raised", "broken", "transient"),
+    [
+        (psycopg.errors.UndefinedTable("no outbox"), False, False),
+        (psycopg.errors.NotNullViolation("null topic"), False, False),
+        (psycopg.errors.LockNotAvailable("lock_timeout"), False, True),
+        (psycopg.errors.QueryCanceled("statement_timeout"), False, True),
+        (psycopg.errors.DiskFull("no space"), False, True),
+        (psycopg.errors.AdminShutdown("terminated"), False, True),
+        (psycopg.InterfaceError("the connection is closed"), True, True),
+        (psycopg.errors.UndefinedTable("no outbox"), True, True),
+    ],
+)
+def test_a_failed_insert_is_judged_as_kinbox_judges_its_own_statements(
+    raised: psycopg.Error, broken: bool, transient: bool
+) -> None:
+    # transient: trying the caller's transaction again may succeed; the
+    # connection's state decides before the error's class does.
+    fake = FakeConnection(raised, broken=broken)
+    with pytest.raises(StoreError, match=r"cannot enqueue event .* for topic 'lessons'") as info:
+        _enqueue(fake, "lessons", {"n": 1})
+    assert info.value.transient is transient
+    assert info.value.__cause__ is raised
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [psycopg.errors.DeadlockDetected("deadlock"), psycopg.errors.SerializationFailure("rw")],
+)
+def test_a_conflict_at_the_insert_is_a_conflict_error(raised: psycopg.Error) -> None:
+    with pytest.raises(ConflictError) as info:
+        _enqueue(FakeConnection(raised), "lessons", {"n": 1})
+    assert info.value.transient and info.value.__cause__ is raised
 
 
 def test_migration_renders_the_outbox_table() -> None:
