@@ -61,6 +61,7 @@ import psycopg
 
 from kinbox.core.failpoints import failpoint
 from kinbox.core.publisher import Publisher, Siblings
+from kinbox.store.errors import Blame, blame
 from producer_outbox import claim as store
 from producer_outbox import topics
 from producer_outbox.batch import Marks, judge, plan
@@ -180,9 +181,18 @@ class LaneGroup:
             try:
                 self._run_connected()
                 return
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
+                # Judged as kinbox judges its own statements: an outage, a
+                # conflict (a deadlock) or a timeout passes, so the group
+                # starts again on a new connection; anything else is a fault
+                # of the relay's statements or schema, and stops the relay.
+                verdict = blame(exc, own=True)
+                if verdict == "event":
+                    raise
                 self._shared.holding(self.index, 0)  # the lane locks went with the connection
-                log.warning("outbox relay lost PostgreSQL (%s); reconnecting in %.1fs", exc, delay)
+                log.warning(
+                    "outbox relay: %s (%s); reconnecting in %.1fs", _MET[verdict], exc, delay
+                )
                 self._sleep(delay)
                 delay = min(self.config.backoff_max, delay * 2)
 
@@ -467,6 +477,14 @@ class LaneGroup:
         while not self._stopping() and time.monotonic() < deadline:
             self._turned()
             time.sleep(min(0.2, deadline - time.monotonic()))
+
+
+_MET: dict[Blame, str] = {
+    "outage": "PostgreSQL is unavailable",
+    "conflict": "PostgreSQL aborted a statement to resolve a conflict",
+    "wait": "a statement waited too long (lock_timeout or statement_timeout)",
+}
+"""What a group met, by :func:`~kinbox.store.errors.blame`'s verdict, for its warning."""
 
 
 def _lane_list(lanes: Collection[int]) -> str:

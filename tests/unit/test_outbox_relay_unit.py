@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
@@ -13,6 +15,7 @@ from kinbox.core.errors import ConfigurationError
 from kinbox.core.publisher import ACKED, HELD, OutgoingRecord, Sending
 from kinbox.kafka.publisher import KafkaPublisher
 from producer_outbox.config import RelayConfig
+from producer_outbox.group import LaneGroup
 from producer_outbox.lane_locks import group_target
 from producer_outbox.producer import producer_config, relay_publisher
 from producer_outbox.records import OutboxRow, row_from_db, to_record
@@ -201,3 +204,47 @@ def test_the_relay_holds_the_lanes_of_all_its_groups() -> None:
     shared.holding(1, 3)
     shared.holding(0, 0)  # group 0 lost its connection
     assert observer.held == [5, 8, 3]
+
+
+class _Unused:
+    """A publisher the test never reaches."""
+
+    def send(self, messages: Sequence[OutgoingRecord]) -> Sending:
+        raise AssertionError("not called")
+
+    def serve(self, timeout: float) -> None:
+        raise AssertionError("not called")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_lane_group_reconnects_after_an_outage_a_conflict_or_a_timeout_and_stops_on_a_fault(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given PostgreSQL failing one way at each connect: whose fault it is, as
+    # kinbox judges its own statements, decides between a reconnect and a stop
+    met = [
+        psycopg.OperationalError("connection failed: Connection refused"),
+        psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+        psycopg.errors.DeadlockDetected("deadlock detected"),
+        psycopg.errors.QueryCanceled("canceling statement due to statement timeout"),
+        psycopg.errors.ReadOnlySqlTransaction("cannot execute UPDATE in a read-only transaction"),
+        psycopg.errors.UndefinedTable('relation "kinbox.outbox" does not exist'),
+        AssertionError("not reached"),
+    ]
+    tried: list[BaseException] = []
+
+    def connect() -> Any:
+        tried.append(met[len(tried)])
+        raise tried[-1]
+
+    config = RelayConfig(database_url="postgresql://x", backoff_base=0.001, backoff_max=0.001)
+    group = LaneGroup(config, _Unused(), connect)
+    # When it runs, then it reconnects five times and stops at the missing table
+    with caplog.at_level(logging.WARNING), pytest.raises(psycopg.errors.UndefinedTable):
+        group.run()
+    assert tried == met[:6]
+    warned = [r.getMessage() for r in caplog.records if "reconnecting" in r.getMessage()]
+    assert len(warned) == 5
+    assert "conflict" in warned[2] and "waited too long" in warned[3]
