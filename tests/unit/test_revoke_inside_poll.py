@@ -5,16 +5,15 @@ of them (:meth:`kinbox.kafka.consumer.KafkaTransport.poll`): a revoke served
 by the second meets a partition whose position is past the record the first
 returned, before the runner has seen that record. The fake transport runs
 its ``inside_poll`` callables at exactly that point. Every commit here is
-audited against invariant 2: each record below the offset is settled in the
-(fake) database when the offset is committed.
+audited against invariant 2 (:class:`tests.support.engine.Audited`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
-from concurrent.futures import Executor, Future
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -25,44 +24,14 @@ from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.errors import TransportError
 from kinbox.core.event import Event
-from kinbox.core.record import Record
 from kinbox.core.transport import Partition
-from kinbox.testing import FakeStore, FakeTransport, InlineExecutor, record
+from kinbox.testing import FakeStore, InlineExecutor
+from tests.support.engine import Audited, ManualExecutor, event
 
 pytestmark = pytest.mark.unit
 
 T = "orders"
 P0, P1 = (T, 0), (T, 1)
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def event(tp: Partition, offset: int) -> Record:
-    """The record at ``offset`` of ``tp``; its event id is ``<partition>-<offset>``."""
-    return record(tp[0], tp[1], offset, f"{tp[1]}-{offset}")
-
-
-class Audited(FakeTransport):
-    """A fake broker that checks every commit against the database it is given."""
-
-    def __init__(self, logs: Mapping[Partition, list[Record]], store: FakeStore) -> None:
-        super().__init__(logs)
-        self.store = store
-        self.violations: list[str] = []
-
-    def commit(self, offsets: Mapping[Partition, int], *, asynchronous: bool = False) -> None:
-        for tp, offset in offsets.items():
-            unsettled = [
-                r.offset for r in self.logs[tp][:offset] if _event_id(r) not in self.store.status
-            ]
-            if unsettled:
-                self.violations.append(f"{tp}@{offset} committed, {unsettled} not settled")
-        super().commit(offsets, asynchronous=asynchronous)
-
-
-def _event_id(r: Record) -> str:
-    return dict(r.headers)["event-id"].decode()  # type: ignore[union-attr]
 
 
 def applying_app() -> App:
@@ -180,23 +149,6 @@ def test_a_poll_that_fails_after_its_first_call_leaves_no_position_for_the_shutd
 
 
 # -- random interleavings: polls, batches ending, revokes, losses, assignments --
-
-
-class ManualExecutor(Executor):
-    """Runs a submitted job only when the test says so (:meth:`run_next`)."""
-
-    def __init__(self) -> None:
-        self.jobs: list[tuple[Callable[[], Any], Future[Any]]] = []
-
-    def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
-        future: Future[R] = Future()
-        self.jobs.append((lambda: fn(*args, **kwargs), future))
-        return future
-
-    def run_next(self) -> None:
-        if self.jobs:
-            job, future = self.jobs.pop(0)
-            future.set_result(job())
 
 
 _PART = st.sampled_from([P0, P1])
