@@ -30,7 +30,7 @@ from kinbox.console.fingerprint import LetterCause, cause
 from kinbox.core.config import Settings
 from kinbox.core.errors import EnvelopeError
 from kinbox.core.letter import PREFIX, header
-from kinbox.core.record import Record
+from kinbox.core.record import Position, Record
 from kinbox.kafka.inspect import Inspector
 from kinbox.kafka.producer_config import producer_config
 from kinbox.kafka.reader import read_tail
@@ -59,9 +59,9 @@ class LetterView:
     verdict: str | None = None
 
     @property
-    def coordinates(self) -> tuple[str, int, int]:
+    def coordinates(self) -> Position:
         """Where it is: ``(dead-letter topic, partition, offset)``."""
-        return (self.record.topic, self.record.partition, self.record.offset)
+        return self.record.position
 
     @property
     def at(self) -> dt.datetime | None:
@@ -196,15 +196,15 @@ def scan(
         read[topic] = len(records)
         found += [(r, c) for r in records if (c := cause(r)) is not None and c.group in ours]
     with_log = log is not None and log.available()
-    closed = log.closed(_coordinates(r for r, _ in found)) if with_log and log else {}
-    ids = {(r.topic, r.partition, r.offset): _event_id(r, settings) for r, _ in found}
+    closed = log.closed([r.position for r, _ in found]) if with_log and log else {}
+    ids = {r.position: _event_id(r, settings) for r, _ in found}
     with InboxReader(settings.database_url, settings.schema) as reader:
         verdicts = reader.statuses(
-            (c.group, i) for (r, c) in found if (i := ids[_key(r)]) is not None
+            (c.group, i) for (r, c) in found if (i := ids[r.position]) is not None
         )
     groups: dict[str, LetterGroup] = {}
     for record, why in found:
-        key = _key(record)
+        key = record.position
         letter = LetterView(
             record, why, ids[key], closed.get(key), _verdict(verdicts, why.group, ids[key])
         )
@@ -220,14 +220,6 @@ def scan(
             opened[letter.record.topic] += 1
     counts = [TopicCount(t, sizes.get(t, 0), read[t], opened[t]) for t in topics]
     return Scan(limit, counts, ordered, decisions=with_log)
-
-
-def _key(record: Record) -> tuple[str, int, int]:
-    return (record.topic, record.partition, record.offset)
-
-
-def _coordinates(records: Iterable[Record]) -> list[tuple[str, int, int]]:
-    return [_key(r) for r in records]
 
 
 def _event_id(record: Record, settings: Settings) -> str | None:

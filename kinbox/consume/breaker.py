@@ -50,16 +50,13 @@ from kinbox.consume.pauses import PauseLedger, Reason
 from kinbox.core.describe import describe
 from kinbox.core.letter import HANDLER_ERROR, RETRIES_EXHAUSTED
 from kinbox.core.outcome import BatchResult
-from kinbox.core.record import Record
+from kinbox.core.record import Position, Record
 from kinbox.core.transport import Partition, Transport
 
 log = logging.getLogger(__name__)
 
 _FAILED_LETTERS = frozenset({HANDLER_ERROR, RETRIES_EXHAUSTED})
 """Dead-letter reasons that mean the handler failed (its tries ran out)."""
-
-Place = tuple[str, int, int]
-"""Where an event is: (topic, partition, offset); the identity the breaker counts."""
 
 
 class State(Enum):
@@ -96,9 +93,9 @@ class Breaker:
         self._pause = pause
         self._clock = clock
         self.state = State.CLOSED
-        self._failing: dict[Place, str] = {}  # the run of failed events, and why the last one
+        self._failing: dict[Position, str] = {}  # the run of failed events, and why the last one
         self._until = 0.0  # when an open breaker lets its probe through
-        self._probe: Place | None = None  # the event let through, while its batch runs
+        self._probe: Position | None = None  # the event let through, while its batch runs
 
     @property
     def held(self) -> Set[Partition]:
@@ -134,7 +131,7 @@ class Breaker:
         if self.state is State.HALF_OPEN and self._probe is None and batches:
             tp, records = next(iter(batches.items()))
             first = records[0]
-            self._probe = (first.topic, first.partition, first.offset)
+            self._probe = first.position
             taken[tp] = [first]
             log.warning(
                 "circuit breaker probe: %s[%d]@%d", first.topic, first.partition, first.offset
@@ -180,7 +177,7 @@ class Breaker:
         if self._probe is not None and self._probe[:2] == tp:
             self._probe = None
 
-    def _judge_probe(self, result: BatchResult, failed: dict[Place, str]) -> None:
+    def _judge_probe(self, result: BatchResult, failed: dict[Position, str]) -> None:
         probe, self._probe = self._probe, None
         assert probe is not None
         if result.applied:
@@ -209,19 +206,19 @@ class Breaker:
             self._pause,
         )
 
-    def _failed(self, result: BatchResult) -> dict[Place, str]:
+    def _failed(self, result: BatchResult) -> dict[Position, str]:
         """The events of ``result`` whose handler failed, in offset order, and why."""
-        found: dict[Place, str] = {}
+        found: dict[Position, str] = {}
         for letter in result.letters:
             if letter.reason in _FAILED_LETTERS:
                 record = letter.record
-                found[(record.topic, record.partition, record.offset)] = describe(letter.error)
+                found[record.position] = describe(letter.error)
         failure = result.failure
         if failure is not None and failure.kind == "handler" and failure.event is not None:
-            found[(failure.topic, failure.partition, failure.offset)] = describe(failure.error)
+            found[failure.position] = describe(failure.error)
         return found
 
 
-def _where(place: Place) -> str:
+def _where(place: Position) -> str:
     topic, partition, offset = place
     return f"{topic}[{partition}]@{offset}"

@@ -12,6 +12,8 @@ import json as _json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from kinbox.core.record import Position
+
 _BOM = b"\xef\xbb\xbf"
 _BOMS_16 = (b"\xff\xfe", b"\xfe\xff")
 
@@ -49,6 +51,11 @@ class Event(NamedTuple):
             f"offset={self.offset!r}, key={self.key!r}, value={self.value!r}, "
             f"timestamp={self.timestamp!r}, attempt={self.attempt!r})"
         )
+
+    @property
+    def position(self) -> Position:
+        """``(topic, partition, offset)``: where its record is, whatever its id."""
+        return (self.topic, self.partition, self.offset)
 
     def json(self) -> Any:
         """Decode the payload as JSON (UTF-8).

@@ -19,7 +19,7 @@ from kinbox.core.errors import EnvelopeError, StoreError, TransportError
 if TYPE_CHECKING:
     from kinbox.core.event import Event
     from kinbox.core.letter import Letter
-    from kinbox.core.record import Record
+    from kinbox.core.record import Position, Record
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,11 @@ class Failure:
     record: Record | None = None
     dead_letter_topic: str | None = None
     streak: int = 1
+
+    @property
+    def position(self) -> Position:
+        """``(topic, partition, offset)`` of the record it stopped at."""
+        return (self.topic, self.partition, self.offset)
 
     @property
     def kind(self) -> str:

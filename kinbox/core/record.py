@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+Position = tuple[str, int, int]
+"""Where a record is: ``(topic, partition, offset)``, its identity in the group's log."""
+
 
 class Record(NamedTuple):
     """A Kafka record as the transport hands it over: plain data, no client objects.
@@ -28,3 +31,8 @@ class Record(NamedTuple):
     timestamp: int | None = None
     headers_error: str | None = None
     """Why the headers could not be read (then ``headers`` is empty), if they could not."""
+
+    @property
+    def position(self) -> Position:
+        """``(topic, partition, offset)``."""
+        return (self.topic, self.partition, self.offset)

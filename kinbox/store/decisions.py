@@ -30,14 +30,12 @@ import psycopg
 from psycopg import sql
 
 from kinbox.core.names import sql_identifier
+from kinbox.core.record import Position
 from kinbox.store.errors import translate
 from kinbox.store.migrations import Component
 
 OUTCOMES = ("pending", "done", "failed")
 """Values of ``operator_decisions.outcome``."""
-
-Coordinates = tuple[str, int, int]
-"""A record's ``(topic, partition, offset)``."""
 
 
 def _create_decisions(schema: sql.Identifier) -> list[sql.Composed]:
@@ -231,7 +229,7 @@ class DecisionLog:
         except psycopg.Error as exc:
             raise translate(exc) from exc
 
-    def closed(self, coordinates: Iterable[Coordinates]) -> dict[Coordinates, Closed]:
+    def closed(self, coordinates: Iterable[Position]) -> dict[Position, Closed]:
         """The dead letters among ``coordinates`` that a finished decision dealt with.
 
         Raises:

@@ -19,6 +19,7 @@ from kinbox.core.errors import ConflictError, StoreError
 from kinbox.core.event import Event
 from kinbox.core.inbox import first_occurrences
 from kinbox.core.parking import KeyState
+from kinbox.core.record import Position
 from kinbox.core.reuse import Sighting, packed_digests, payload_digest, payload_digests
 from kinbox.core.steps import Park
 from kinbox.core.traceparent import trace_id
@@ -75,7 +76,7 @@ class ClaimPlan:
             *((sql.reclaim, params) for params in _by_partition(consumer, replayed)),
         ]
         """What to run, in order; each returns the ids it claimed (:meth:`take`)."""
-        self._events = {(e.topic, e.partition, e.offset): e for e in plain}
+        self._events = {e.position: e for e in plain}
         self._by_id = {e.id: e for e in plain}
         self.fresh: set[str] = set()
         self.sightings: list[Sighting] = []
@@ -90,7 +91,7 @@ class ClaimPlan:
                 self.sightings.append(Sighting(self._by_id[row[0]], row[2], row[3], row[4]))
 
     @property
-    def compared(self) -> set[tuple[str, int, int]]:
+    def compared(self) -> set[Position]:
         """The positions of the plain claim's events it did not claim: compared (or raced)."""
         return {p for p, e in self._events.items() if e.id not in self.fresh}
 
@@ -161,19 +162,15 @@ def reuses_left(
     if claimed is None:
         return [], list(events)
     compared = claimed.compared
-    asked = {(e.topic, e.partition, e.offset) for e in events}
-    found = [
-        s for s in claimed.sightings if (s.event.topic, s.event.partition, s.event.offset) in asked
-    ]
-    return found, [e for e in events if (e.topic, e.partition, e.offset) not in compared]
+    asked = {e.position for e in events}
+    found = [s for s in claimed.sightings if s.event.position in asked]
+    return found, [e for e in events if e.position not in compared]
 
 
 def in_order(sightings: list[Sighting], events: Sequence[Event]) -> list[Sighting]:
     """``sightings`` in the order of ``events``."""
-    order = {(e.topic, e.partition, e.offset): i for i, e in enumerate(events)}
-    return sorted(
-        sightings, key=lambda s: order[(s.event.topic, s.event.partition, s.event.offset)]
-    )
+    order = {e.position: i for i, e in enumerate(events)}
+    return sorted(sightings, key=lambda s: order[s.event.position])
 
 
 class ReusedPlan:
@@ -182,7 +179,7 @@ class ReusedPlan:
     __slots__ = ("_events", "sightings", "statements")
 
     def __init__(self, sql: InboxStatements, consumer: str, events: Sequence[Event]) -> None:
-        self._events = {(e.topic, e.partition, e.offset): e for e in events}
+        self._events = {e.position: e for e in events}
         self.statements: list[Statement] = [
             (
                 sql.reused,
@@ -210,9 +207,7 @@ class ReusedPlan:
     def result(self) -> list[Sighting]:
         """The sightings recorded, in the order of the events given."""
         order = {position: i for i, position in enumerate(self._events)}
-        return sorted(
-            self.sightings, key=lambda s: order[(s.event.topic, s.event.partition, s.event.offset)]
-        )
+        return sorted(self.sightings, key=lambda s: order[s.event.position])
 
 
 class ParkingStatePlan:

@@ -34,7 +34,7 @@ from kinbox.core.errors import ConfigurationError
 from kinbox.core.event import Event
 from kinbox.core.names import sql_identifier
 from kinbox.core.policy import RetryPolicy
-from kinbox.core.record import Record
+from kinbox.core.record import Position, Record
 from kinbox.core.transport import Partition
 from kinbox.store.awaiting import MixedInboxStore
 from kinbox.store.migrations import Component
@@ -42,9 +42,9 @@ from kinbox.store.postgres import apply_migrations
 from kinbox.store.schema import INBOX
 from kinbox.testing.messages import FRESH, Fresh, Headers, Message
 from kinbox.testing.publisher import FakePublisher
-from kinbox.testing.recorder import Coordinates, RecordingStore
+from kinbox.testing.recorder import RecordingStore
 from kinbox.testing.results import DeliveryResult
-from kinbox.testing.settle import Settler, coordinates_of
+from kinbox.testing.settle import Settler
 
 DEFAULT_GROUP = "kinbox-test"
 """The consumer group of an app that names none."""
@@ -116,7 +116,7 @@ class InboxTestClient:
         self.results: list[DeliveryResult] = []
         """Every delivery's result, in order."""
         self._offsets: dict[Partition, int] = {}
-        self._messages: dict[Coordinates, Message] = {}
+        self._messages: dict[Position, Message] = {}
         components: list[Component] = [INBOX]
         if outbox:
             from producer_outbox.schema import OUTBOX
@@ -211,7 +211,7 @@ class InboxTestClient:
         """
         record = delivered.record
         if new_offset:
-            return self.deliver_message(self._messages[coordinates_of(record)])
+            return self.deliver_message(self._messages[record.position])
         return self._run([record])[0]
 
     @property
@@ -270,17 +270,17 @@ class InboxTestClient:
         offset = self._offsets.get(tp, 0)
         self._offsets[tp] = offset + 1
         record = message.record(tp[1], offset, self.settings.id_headers[0])
-        self._messages[coordinates_of(record)] = message
+        self._messages[record.position] = message
         return record
 
     def _run(self, records: list[Record]) -> list[DeliveryResult]:
         by_partition: dict[Partition, list[Record]] = {}
         for record in records:
             by_partition.setdefault((record.topic, record.partition), []).append(record)
-        verdicts: dict[Coordinates, DeliveryResult] = {}
+        verdicts: dict[Position, DeliveryResult] = {}
         for tp, batch in by_partition.items():
             verdicts.update(self._settler.settle(tp, sorted(batch, key=lambda r: r.offset)))
-        results = [verdicts[coordinates_of(record)] for record in records]
+        results = [verdicts[record.position] for record in records]
         self.results += results
         return results
 

@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 from kinbox.core.errors import StoreError
 from kinbox.core.event import Event
 from kinbox.core.inbox import InboxStore, Invoke, async_store, session_opener
+from kinbox.core.record import Position
 from kinbox.core.steps import (
     Call,
     CheckReused,
@@ -36,9 +37,6 @@ from kinbox.core.steps import (
 )
 
 T = TypeVar("T")
-
-Coordinates = tuple[str, int, int]
-"""A record's ``(topic, partition, offset)``."""
 
 Fault = Literal["crash", "transient", "lost-commit"]
 FAULTS: tuple[Fault, ...] = ("crash", "transient", "lost-commit")
@@ -67,24 +65,19 @@ class InjectedCrash(BaseException):
     """
 
 
-def coordinates(event: Event) -> Coordinates:
-    """``event``'s ``(topic, partition, offset)``."""
-    return (event.topic, event.partition, event.offset)
-
-
 @dataclass
 class Ledger:
     """What committed transactions did to the records of one delivery."""
 
-    ids: dict[Coordinates, str] = field(default_factory=dict)
+    ids: dict[Position, str] = field(default_factory=dict)
     """The id each record was claimed under (fresh or not)."""
-    applied: set[Coordinates] = field(default_factory=set)
+    applied: set[Position] = field(default_factory=set)
     """Records a committed claim found fresh."""
-    dead_lettered: dict[Coordinates, str] = field(default_factory=dict)
+    dead_lettered: dict[Position, str] = field(default_factory=dict)
     """Records a committed transaction dead-lettered, with the reason it recorded."""
-    reused: set[Coordinates] = field(default_factory=set)
+    reused: set[Position] = field(default_factory=set)
     """Duplicates a committed transaction found reusing an id with another payload."""
-    parked: dict[Coordinates, str] = field(default_factory=dict)
+    parked: dict[Position, str] = field(default_factory=dict)
     """Records a committed transaction parked, with why (the dead letter they wait behind)."""
 
 
@@ -92,11 +85,11 @@ class Ledger:
 class _Notes:
     """What one transaction did, kept until it commits."""
 
-    ids: dict[Coordinates, str] = field(default_factory=dict)
-    fresh: list[Coordinates] = field(default_factory=list)
-    dead_lettered: dict[Coordinates, str] = field(default_factory=dict)
-    reused: set[Coordinates] = field(default_factory=set)
-    parked: dict[Coordinates, str] = field(default_factory=dict)
+    ids: dict[Position, str] = field(default_factory=dict)
+    fresh: list[Position] = field(default_factory=list)
+    dead_lettered: dict[Position, str] = field(default_factory=dict)
+    reused: set[Position] = field(default_factory=set)
+    parked: dict[Position, str] = field(default_factory=dict)
     fault: Fault | None = None
 
 
@@ -118,9 +111,9 @@ class RecordingStore:
     def __init__(self, inner: InboxStore) -> None:
         self._inner = inner
         self.ledger = Ledger()
-        self.faults: dict[Coordinates, list[Fault]] = {}
+        self.faults: dict[Position, list[Fault]] = {}
         self.watch: Callable[[Any], object] | None = None
-        self.injected: list[tuple[Fault, Coordinates]] = []
+        self.injected: list[tuple[Fault, Position]] = []
 
     def for_async(self) -> InboxStore:
         """``inner``'s store for async handlers, recorded into this store's ledger and faults."""
@@ -147,12 +140,12 @@ class RecordingStore:
         def noted(step: Step) -> Steps[Any]:
             value = yield step
             if isinstance(step, Claim):
-                notes.ids.update((coordinates(e), e.id) for e in step.events)
-                notes.fresh += [coordinates(e) for e in value]
+                notes.ids.update((e.position, e.id) for e in step.events)
+                notes.fresh += [e.position for e in value]
             elif isinstance(step, DeadLetterRow):
-                notes.dead_lettered[coordinates(step.event)] = step.reason
+                notes.dead_lettered[step.event.position] = step.reason
             elif isinstance(step, CheckReused):
-                notes.reused.update(coordinates(sighting.event) for sighting in value)
+                notes.reused.update(sighting.event.position for sighting in value)
             elif isinstance(step, Park):
                 notes.parked.update(
                     (

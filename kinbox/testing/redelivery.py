@@ -32,9 +32,10 @@ import psycopg
 
 from kinbox.app import App
 from kinbox.core.errors import ConfigurationError
+from kinbox.core.record import Position
 from kinbox.testing.client import InboxTestClient
 from kinbox.testing.messages import Message
-from kinbox.testing.recorder import Coordinates, Fault
+from kinbox.testing.recorder import Fault
 from kinbox.testing.report import (
     SCENARIOS,
     Difference,
@@ -171,7 +172,7 @@ class _Check:
         self.partitions = 1 + max((m.partition or 0 for m in messages), default=0)
         # Where each message is first delivered: the test client places them
         # in order, each at the next offset of its partition.
-        self.places: list[Coordinates] = []
+        self.places: list[Position] = []
         counts: dict[tuple[str, int], int] = {}
         for message in messages:
             tp = (message.topic, message.partition_for(self.partitions))

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kinbox.core.errors import KinboxError
+from kinbox.core.record import Position
 from kinbox.testing.messages import Message
-from kinbox.testing.recorder import Coordinates
 from kinbox.testing.snapshot import TableDifference
 
 Scenario = Literal["duplicate", "crash", "transient", "lost-commit"]
@@ -45,7 +45,7 @@ class Difference:
 
     scenario: Scenario | None
     message: Message | None
-    where: Coordinates | None
+    where: Position | None
     table: TableDifference | None = None
     observed: tuple[object, object] | None = None
 

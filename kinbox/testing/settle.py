@@ -27,10 +27,10 @@ from kinbox.consume.backoff import Backoff
 from kinbox.consume.pauses import PauseLedger
 from kinbox.core.outcome import BatchResult, Failure
 from kinbox.core.policy import Decision, RetryPolicy
-from kinbox.core.record import Record
+from kinbox.core.record import Position, Record
 from kinbox.core.transport import Partition
 from kinbox.testing.publisher import FakePublisher
-from kinbox.testing.recorder import Coordinates, InjectedCrash, Ledger, RecordingStore
+from kinbox.testing.recorder import InjectedCrash, Ledger, RecordingStore
 from kinbox.testing.results import DeliveryResult, FailedTry, Status
 from kinbox.testing.transport import FakeTransport
 
@@ -61,7 +61,7 @@ class Settler:
         self._policy = _Recorded(policy)
         self._backoff = self._new_backoff()
 
-    def settle(self, tp: Partition, records: list[Record]) -> dict[Coordinates, DeliveryResult]:
+    def settle(self, tp: Partition, records: list[Record]) -> dict[Position, DeliveryResult]:
         """Process ``records`` (consecutive, of partition ``tp``) until each settles or must wait.
 
         Returns:
@@ -69,8 +69,8 @@ class Settler:
         """
         self.store.ledger = Ledger()
         acked = len(self.publisher.acked)
-        retries: dict[Coordinates, list[FailedTry]] = {}
-        errors: dict[Coordinates, BaseException] = {}
+        retries: dict[Position, list[FailedTry]] = {}
+        errors: dict[Position, BaseException] = {}
         pending, outages = list(records), 0
         failure: Failure | None = None
         while pending:
@@ -78,7 +78,7 @@ class Settler:
             try:
                 result = self._processor.process(pending, attempt)
             except InjectedCrash as crash:
-                retries.setdefault(coordinates_of(pending[0]), []).append(
+                retries.setdefault(pending[0].position, []).append(
                     FailedTry(attempt, "crash", crash)
                 )
                 self._backoff = self._new_backoff()  # a restarted worker remembers no tries
@@ -90,7 +90,7 @@ class Settler:
             failure = result.failure
             if failure is None:
                 break
-            where = (failure.topic, failure.partition, failure.offset)
+            where = failure.position
             errors[where] = failure.error
             outages += failure.kind != "handler"
             if failure.kind == "envelope" or outages > self.outage_retries:
@@ -100,12 +100,10 @@ class Settler:
                 FailedTry(failure.attempt, failure.kind, failure.error, self._policy.last.delay)
             )
             pending = [r for r in pending if r.offset >= failure.offset]
-        unsettled = {coordinates_of(r) for r in pending} if failure is not None else set()
+        unsettled = {r.position for r in pending} if failure is not None else set()
         letters = {_letter_of(r): r for r in self.publisher.acked[acked:]}
         return {
-            coordinates_of(r): self._verdict(
-                r, coordinates_of(r) in unsettled, retries, errors, letters
-            )
+            r.position: self._verdict(r, r.position in unsettled, retries, errors, letters)
             for r in records
         }
 
@@ -113,11 +111,11 @@ class Settler:
         self,
         record: Record,
         unsettled: bool,
-        retries: Mapping[Coordinates, list[FailedTry]],
-        errors: Mapping[Coordinates, BaseException],
-        letters: Mapping[Coordinates, Record],
+        retries: Mapping[Position, list[FailedTry]],
+        errors: Mapping[Position, BaseException],
+        letters: Mapping[Position, Record],
     ) -> DeliveryResult:
-        where = coordinates_of(record)
+        where = record.position
         ledger = self.store.ledger
         status: Status
         reason = error = None
@@ -163,17 +161,12 @@ class _Recorded:
         return self.last
 
 
-def coordinates_of(record: Record) -> Coordinates:
-    """``record``'s ``(topic, partition, offset)``."""
-    return (record.topic, record.partition, record.offset)
-
-
-def _note_letters(result: BatchResult, errors: dict[Coordinates, BaseException]) -> None:
+def _note_letters(result: BatchResult, errors: dict[Position, BaseException]) -> None:
     for letter in result.letters:
-        errors[coordinates_of(letter.record)] = letter.error
+        errors[letter.record.position] = letter.error
 
 
-def _letter_of(letter: Record) -> Coordinates:
+def _letter_of(letter: Record) -> Position:
     """The original record's coordinates, from a dead letter's ``kinbox.dlq.*`` headers."""
     headers = {
         name: (value or b"").decode("utf-8", "replace")

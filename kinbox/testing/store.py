@@ -129,7 +129,7 @@ class FakeTransaction(AwaitsAlone):
         found = []
         for event in events:
             row = store.claimed.get(event.id)
-            position = (event.topic, event.partition, event.offset)
+            position = event.position
             if row is None or (event.id, *position) in store.sightings:
                 continue
             if payload_digest(row.value) != payload_digest(event.value):
