@@ -303,19 +303,21 @@ def _enqueue(
     # inbox event this row is for.
     columns: list[sql.Composable] = []
     values: list[sql.Composable] = []
-    traced = trace_context.current()
-    if traced is not None and (yield from _has_columns(link, schema, _TRACE_NAMES)):
-        columns.append(_TRACE_COLUMNS)
-        values.append(_TRACE_VALUES)
-        params += traced
-    cause = current_cause()
-    if cause is not None and (yield from _has_columns(link, schema, _CAUSE_NAMES)):
-        columns.append(_CAUSE_COLUMNS)
-        values.append(_CAUSE_VALUES)
-        params += (cause.consumer, cause.event_id)
-    statement = sql.SQL(_INSERT).format(schema_id, sql.Composed(columns), sql.Composed(values))
     try:
-        yield statement, params
+        traced = trace_context.current()
+        if traced is not None and (yield from _has_columns(link, schema, _TRACE_NAMES)):
+            columns.append(_TRACE_COLUMNS)
+            values.append(_TRACE_VALUES)
+            params += traced
+        cause = current_cause()
+        if cause is not None and (yield from _has_columns(link, schema, _CAUSE_NAMES)):
+            columns.append(_CAUSE_COLUMNS)
+            values.append(_CAUSE_VALUES)
+            params += (cause.consumer, cause.event_id)
+        yield (
+            sql.SQL(_INSERT).format(schema_id, sql.Composed(columns), sql.Composed(values)),
+            params,
+        )
     except psycopg.Error as exc:
         if isinstance(exc, psycopg.errors.CheckViolation) and (
             exc.diag.constraint_name == CDC_CONSTRAINT

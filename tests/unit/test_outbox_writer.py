@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kinbox.core.cause import handling
 from kinbox.core.errors import ConfigurationError, ConflictError, StoreError
 from kinbox.store.migrations import render
 from producer_outbox import PayloadError
@@ -143,6 +144,19 @@ def test_a_conflict_at_the_insert_is_a_conflict_error(raised: psycopg.Error) -> 
     with pytest.raises(ConflictError) as info:
         _enqueue(FakeConnection(raised), "lessons", {"n": 1})
     assert info.value.transient and info.value.__cause__ is raised
+
+
+def test_a_failed_lookup_of_the_optional_columns_is_judged_as_the_insert_is() -> None:
+    # Inside a handler, enqueue first asks whether the outbox has the cause columns.
+    class LostInfo:
+        host, port, dbname = "db.example", 5432, "lost_before_lookup"
+
+    fake = FakeConnection(psycopg.OperationalError("server closed the connection"), broken=True)
+    fake.info = LostInfo()  # type: ignore[attr-defined]
+    with handling("orders-consumer", "e1"), pytest.raises(StoreError) as info:
+        _enqueue(fake, "lessons", {"n": 1})
+    assert info.value.transient and "cannot enqueue event" in str(info.value)
+    assert "pg_attribute" in str(fake.calls[0][0])
 
 
 def test_migration_renders_the_outbox_table() -> None:
