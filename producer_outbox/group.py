@@ -140,10 +140,11 @@ class LaneGroup:
         self._shared = shared or Shared(groups)
         self._telemetry = telemetry or RelayTelemetry(config.schema)
         self._topic_retention = topic_retention
-        # Upkeep between batches; a lost connection passes through to run(),
-        # which reconnects. Made once, so the cleanup's schedule outlives a
+        # Upkeep between batches; PostgreSQL gone passes through to run(),
+        # which reconnects (a task's other failures are logged and it is
+        # tried again later). Made once, so the cleanup's schedule outlives a
         # reconnect: its first run is right after the start.
-        self._upkeep: Scheduler[Connection] = Scheduler(propagate=(psycopg.OperationalError,))
+        self._upkeep: Scheduler[Connection] = Scheduler(passes=_gone)
         if index == 0:
             self._upkeep.add("cleanup", config.cleanup_interval, self._cleanup)
             if self._telemetry.metering:
@@ -477,6 +478,11 @@ class LaneGroup:
         while not self._stopping() and time.monotonic() < deadline:
             self._turned()
             time.sleep(min(0.2, deadline - time.monotonic()))
+
+
+def _gone(exc: Exception) -> bool:
+    """Whether ``exc`` (an upkeep task's) says PostgreSQL is gone: the group reconnects."""
+    return isinstance(exc, psycopg.Error) and blame(exc, own=True) == "outage"
 
 
 _MET: dict[Blame, str] = {

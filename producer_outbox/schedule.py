@@ -18,9 +18,9 @@ The rules:
   leaves the loop a round of batches between two of its runs: it delays the
   loop, it never starves it.
 - A task that raises is logged with its traceback and tried again one
-  interval later; the loop goes on. Only the exception types given as
-  ``propagate`` pass through (after the task is rescheduled): for the relay, a
-  lost connection, which it answers by reconnecting.
+  interval later; the loop goes on. Only an exception that ``passes`` accepts
+  goes through (after the task is rescheduled): for the relay, PostgreSQL
+  gone, which it answers by reconnecting.
 - ``should_stop`` is asked before each task, so a stop requested during
   upkeep runs no further task.
 """
@@ -57,10 +57,10 @@ class Scheduler(Generic[C]):
         self,
         *,
         clock: Callable[[], float] = time.monotonic,
-        propagate: tuple[type[BaseException], ...] = (),
+        passes: Callable[[Exception], bool] = lambda _exc: False,
     ) -> None:
         self._clock = clock
-        self._propagate = propagate
+        self._passes = passes
         self._tasks: dict[str, Task[C]] = {}  # in the order added: the tie-break
 
     def add(
@@ -98,7 +98,7 @@ class Scheduler(Generic[C]):
             The names of the tasks that ran, in order (failed ones included).
 
         Raises:
-            BaseException: one of the ``propagate`` types, from a task; and
+            BaseException: what ``passes`` accepts, from a task; and
                 anything that is not an :class:`Exception` (KeyboardInterrupt).
         """
         now = self._clock()
@@ -112,9 +112,10 @@ class Scheduler(Generic[C]):
             ran.append(task.name)
             try:
                 task.run(context)
-            except self._propagate:
-                raise
-            except Exception:  # upkeep never ends the loop it serves
+            except Exception as exc:
+                if self._passes(exc):
+                    raise
+                # Upkeep never ends the loop it serves.
                 log.exception("upkeep task %r failed; next try in %.1fs", task.name, task.interval)
             finally:
                 # From the end of the run: a slow task cannot be due again at once.

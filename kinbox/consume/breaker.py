@@ -161,10 +161,10 @@ class Breaker:
             return
         self._failing.update(failed)
         if len(self._failing) >= self._failures:
-            place, why = next(reversed(self._failing.items()))
+            position, why = next(reversed(self._failing.items()))
             self._open(
                 f"circuit breaker open: the handler failed for {len(self._failing)} events in "
-                f"a row, the last {_where(place)} ({why})"
+                f"a row, the last {_where(position)} ({why})"
             )
 
     def forget(self, tp: Partition) -> None:
@@ -219,6 +219,6 @@ class Breaker:
         return found
 
 
-def _where(place: Position) -> str:
-    topic, partition, offset = place
+def _where(position: Position) -> str:
+    topic, partition, offset = position
     return f"{topic}[{partition}]@{offset}"

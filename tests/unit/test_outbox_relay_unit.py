@@ -16,6 +16,7 @@ from kinbox.core.publisher import ACKED, HELD, OutgoingRecord, Sending
 from kinbox.kafka.publisher import KafkaPublisher
 from producer_outbox.config import RelayConfig
 from producer_outbox.group import LaneGroup
+from producer_outbox.group import _gone as upkeep_passes
 from producer_outbox.lane_locks import group_target
 from producer_outbox.producer import producer_config, relay_publisher
 from producer_outbox.records import OutboxRow, row_from_db, to_record
@@ -248,3 +249,24 @@ def test_a_lane_group_reconnects_after_an_outage_a_conflict_or_a_timeout_and_sto
     warned = [r.getMessage() for r in caplog.records if "reconnecting" in r.getMessage()]
     assert len(warned) == 5
     assert "conflict" in warned[2] and "waited too long" in warned[3]
+
+
+@pytest.mark.parametrize(
+    ("raised", "gone"),
+    [
+        (psycopg.OperationalError("server closed the connection unexpectedly"), True),
+        (psycopg.InterfaceError("the connection is closed"), True),
+        (psycopg.errors.AdminShutdown("terminating connection"), True),
+        (psycopg.errors.ReadOnlySqlTransaction("read-only transaction"), True),
+        (psycopg.errors.DeadlockDetected("deadlock detected"), False),
+        (psycopg.errors.QueryCanceled("statement timeout"), False),
+        (psycopg.errors.UndefinedTable("no outbox"), False),
+        (RuntimeError("a bug in a task"), False),
+    ],
+)
+def test_an_upkeep_task_ends_the_connection_only_when_postgresql_is_gone(
+    raised: Exception, gone: bool
+) -> None:
+    # A conflict or a timeout in the cleanup is tried again at its next
+    # interval on the same connection; an outage reconnects the group.
+    assert upkeep_passes(raised) is gone

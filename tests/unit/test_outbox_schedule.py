@@ -101,7 +101,9 @@ def test_a_propagating_error_passes_through_after_rescheduling(clock: Clock) -> 
     def lost(_context: str) -> None:
         raise LostConnection
 
-    upkeep: Scheduler[str] = Scheduler(clock=clock, propagate=(LostConnection,))
+    upkeep: Scheduler[str] = Scheduler(
+        clock=clock, passes=lambda exc: isinstance(exc, LostConnection)
+    )
     upkeep.add("lost", 5, lost)
     upkeep.add("next", 5, recorder(ran, "next"))
     with pytest.raises(LostConnection):
