@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -98,19 +99,19 @@ READY_WAIT = 30.0
 _STATS_MS = 50
 
 
-def _ready(producer: Producer, topic: str, assigned: list[bool]) -> None:
+def _ready(producer: Producer, topic: str, assigned: threading.Event) -> None:
     """Wait until ``producer`` knows ``topic``'s leaders and, if idempotent, has its id.
 
     ``assigned`` is set by the statistics callback of an idempotent producer
-    (one element, True once ``eos.idemp_state`` is ``Assigned``); a plain
-    producer's list is ``[True]`` from the start.
+    once ``eos.idemp_state`` is ``Assigned``; a plain producer's is set from
+    the start.
 
     Raises:
         TimeoutError: not ready within :data:`READY_WAIT`.
     """
     deadline = time.monotonic() + READY_WAIT
     producer.list_topics(topic, timeout=READY_WAIT)
-    while not assigned[0]:
+    while not assigned.is_set():
         if time.monotonic() > deadline:
             raise TimeoutError(f"the producer got no producer id within {READY_WAIT:.0f} s")
         producer.poll(_STATS_MS / 1000)
@@ -128,13 +129,16 @@ def feed(spec: FeedSpec) -> Fed:
         **PROFILES[spec.profile],
         "log.connection.close": False,
     }
-    assigned = [not config.get("enable.idempotence")]
-    if not assigned[0]:
+    assigned = threading.Event()
+    if not config.get("enable.idempotence"):
+        assigned.set()
+    else:
 
         def stats(document: str) -> None:
-            if not assigned[0]:  # parsed only until then: the reports go on all run
+            if not assigned.is_set():  # parsed only until then: the reports go on all run
                 eos = json.loads(document).get("eos", {})
-                assigned[0] = eos.get("idemp_state") == "Assigned"
+                if eos.get("idemp_state") == "Assigned":
+                    assigned.set()
 
         config.update({"statistics.interval.ms": _STATS_MS, "stats_cb": stats})
     producer = Producer(config)

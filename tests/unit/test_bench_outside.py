@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -109,7 +110,7 @@ def test_kinbox_is_started_as_a_user_starts_it_and_the_shell_cannot_tune_it() ->
 class _StartingProducer:
     """A producer whose id comes with its n-th poll (never, for None); it knows every topic."""
 
-    def __init__(self, assigned: list[bool], polls_before_id: int | None) -> None:
+    def __init__(self, assigned: threading.Event, polls_before_id: int | None) -> None:
         self.assigned, self.left, self.polls = assigned, polls_before_id, 0
         self.asked: list[str] = []
 
@@ -120,23 +121,26 @@ class _StartingProducer:
         self.polls += 1
         if self.left is not None:
             self.left -= 1
-            self.assigned[0] = self.assigned[0] or self.left <= 0
+            if self.left <= 0:
+                self.assigned.set()
         return 0
 
 
 def test_the_feeders_clock_starts_once_its_producer_has_its_id(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assigned = [False]
+    assigned = threading.Event()
     producer = _StartingProducer(assigned, polls_before_id=3)
     feeder._ready(producer, "t", assigned)  # type: ignore[arg-type]
-    assert producer.asked == ["t"] and producer.polls == 3 and assigned == [True]
+    assert producer.asked == ["t"] and producer.polls == 3 and assigned.is_set()
     # A plain producer needs only the topic's metadata
-    plain = _StartingProducer([True], polls_before_id=None)
-    feeder._ready(plain, "t", [True])  # type: ignore[arg-type]
+    ready = threading.Event()
+    ready.set()
+    plain = _StartingProducer(ready, polls_before_id=None)
+    feeder._ready(plain, "t", ready)  # type: ignore[arg-type]
     assert plain.asked == ["t"] and plain.polls == 0
     # A producer that never gets its id fails the run rather than feeding late
     monkeypatch.setattr(feeder, "READY_WAIT", 0.05)
-    never = [False]
+    never = threading.Event()
     with pytest.raises(TimeoutError, match="producer id"):
         feeder._ready(_StartingProducer(never, polls_before_id=None), "t", never)  # type: ignore[arg-type]
