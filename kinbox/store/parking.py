@@ -11,7 +11,8 @@ release, and a release for the worker.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,31 +156,13 @@ class Parking:
         except psycopg.Error as exc:
             raise translate(exc) from exc
 
-    def _transaction(self) -> _Transaction:
-        return _Transaction(self._conn)
-
-
-class _Transaction:
-    """A transaction on the autocommit connection, its errors translated."""
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self._conn = conn
-        self._tx: Any = None
-
-    def __enter__(self) -> psycopg.Cursor[Any]:
+    @contextmanager
+    def _transaction(self) -> Iterator[psycopg.Cursor[Any]]:
+        """A transaction on the autocommit connection, its errors translated."""
         try:
-            self._tx = self._conn.transaction()
-            self._tx.__enter__()
-            return self._conn.cursor()
+            with self._conn.transaction():
+                yield self._conn.cursor()
         except psycopg.Error as exc:
-            raise translate(exc) from exc
-
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
-        try:
-            self._tx.__exit__(kind, exc, tb)
-        except psycopg.Error as error:
-            raise translate(error) from error
-        if isinstance(exc, psycopg.Error):
             raise translate(exc) from exc
 
 
