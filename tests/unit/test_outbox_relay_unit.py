@@ -147,19 +147,22 @@ def test_a_topic_the_cluster_does_not_answer_about_is_not_asked_about_at_every_s
     assert made[0].asked == ["t"]
 
 
+class _Unused:
+    """A publisher without siblings, which a test never reaches."""
+
+    def send(self, messages: Sequence[OutgoingRecord]) -> Sending:
+        raise AssertionError("not called")
+
+    def serve(self, timeout: float) -> None:
+        raise AssertionError("not called")
+
+    def close(self) -> None:
+        pass
+
+
 def test_relay_runs_lane_groups_only_with_a_publisher_that_has_siblings() -> None:
-    class Plain:
-        def send(self, messages: Sequence[OutgoingRecord]) -> Sending:
-            raise AssertionError("not called")
-
-        def serve(self, timeout: float) -> None:
-            raise AssertionError("not called")
-
-        def close(self) -> None:
-            pass
-
     config = RelayConfig(database_url="postgresql://x", parallel=4)
-    assert Relay(config, Plain()).groups == 1
+    assert Relay(config, _Unused()).groups == 1
     kafka = relay_publisher(producer_config("127.0.0.1:1", {"log_level": "0"}))
     assert Relay(config, kafka).groups == 4
     assert Relay(replace(config, lanes=3), kafka).groups == 3
@@ -205,19 +208,6 @@ def test_the_relay_holds_the_lanes_of_all_its_groups() -> None:
     shared.holding(1, 3)
     shared.holding(0, 0)  # group 0 lost its connection
     assert observer.held == [5, 8, 3]
-
-
-class _Unused:
-    """A publisher the test never reaches."""
-
-    def send(self, messages: Sequence[OutgoingRecord]) -> Sending:
-        raise AssertionError("not called")
-
-    def serve(self, timeout: float) -> None:
-        raise AssertionError("not called")
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_lane_group_reconnects_after_an_outage_a_conflict_or_a_timeout_and_stops_on_a_fault(
