@@ -50,6 +50,17 @@ class Audited(FakeTransport):
                 self.violations.append(f"{tp}@{offset} committed, {unsettled} not settled")
         super().commit(offsets, asynchronous=asynchronous)
 
+    def take_away(self, tp: Partition, *, lost: bool, back: bool) -> Callable[[], None]:
+        """A rebalance step: revoke (or lose) ``tp`` if assigned, and give it ``back`` at once."""
+
+        def act() -> None:
+            if tp in self.assigned:
+                self.revoke([tp], lost=lost)
+                if back:
+                    self.assign([tp])
+
+        return act
+
 
 class ManualExecutor(Executor):
     """Runs a submitted job only when the test says so (:meth:`run_next`)."""

@@ -14,7 +14,6 @@ every offset reaches the end of its log, and nothing stays paused.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -114,15 +113,6 @@ class World:
         self.publisher.serve(0)
         self.runner.turn()
 
-    def take_away(self, tp: Partition, lost: bool, back: bool) -> Callable[[], None]:
-        def act() -> None:
-            if tp in self.transport.assigned:
-                self.transport.revoke([tp], lost=lost)
-                if back:
-                    self.transport.assign([tp])
-
-        return act
-
 
 _PART = st.sampled_from(PARTS)
 _WHERE = st.sampled_from(["before the poll", "inside the poll", "inside, then back"])
@@ -177,7 +167,7 @@ def test_no_interleaving_of_failures_and_rebalances_commits_early_or_stalls_a_pa
             world.down = kind == "database down"
         elif kind in ("revoke", "lose"):
             _, tp, where = step
-            act = world.take_away(tp, kind == "lose", where == "inside, then back")
+            act = transport.take_away(tp, lost=kind == "lose", back=where == "inside, then back")
             if where == "before the poll":
                 act()
             else:

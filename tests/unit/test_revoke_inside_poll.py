@@ -11,7 +11,6 @@ audited against invariant 2 (:class:`tests.support.engine.Audited`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -24,7 +23,6 @@ from kinbox.consume.runner import Runner
 from kinbox.core.config import Settings
 from kinbox.core.errors import TransportError
 from kinbox.core.event import Event
-from kinbox.core.transport import Partition
 from kinbox.testing import FakeStore, InlineExecutor
 from tests.support.engine import Audited, ManualExecutor, event
 
@@ -121,8 +119,7 @@ def test_a_partition_given_back_inside_the_poll_starts_over_from_its_committed_o
     # Then the new assignment reads P1 from its committed offset (none: 0),
     # and offset 2 of the old assignment is not applied ahead of 0 and 1
     for _ in range(10):
-        while executor.jobs:
-            executor.run_next()
+        executor.run_all()
         runner.turn()
     assert transport.store.effects == ["0-0", "0-1", "1-0", "1-1", "1-2", "1-3"]
     assert transport.committed == {P0: 2, P1: 4}
@@ -172,15 +169,6 @@ def test_no_interleaving_commits_past_a_record_not_settled_or_loses_one(
     # when a step says so: then its result is dropped (an orphan).
     runner = make(transport, executor, batch_max_messages=2, shutdown_timeout=0.001)
 
-    def take_away(tp: Partition, lost: bool, back: bool) -> Callable[[], None]:
-        def act() -> None:
-            if tp in transport.assigned:
-                transport.revoke([tp], lost=lost)
-                if back:
-                    transport.assign([tp])
-
-        return act
-
     for step in steps:
         if step[0] == "append":
             _, tp, count = step
@@ -191,12 +179,11 @@ def test_no_interleaving_commits_past_a_record_not_settled_or_loses_one(
         elif step[0] == "batch ends":
             executor.run_next()
         elif step[0] == "all batches end":
-            while executor.jobs:
-                executor.run_next()
+            executor.run_all()
             runner.turn()
         elif step[0] in ("revoke", "lose"):
             _, tp, where = step
-            act = take_away(tp, step[0] == "lose", where == "inside, then back")
+            act = transport.take_away(tp, lost=step[0] == "lose", back=where == "inside, then back")
             if where == "before the poll":
                 act()
             else:
@@ -213,8 +200,7 @@ def test_no_interleaving_commits_past_a_record_not_settled_or_loses_one(
     for _ in range(200):
         if transport.committed == {tp: end for tp, end in ends.items() if end}:
             break
-        while executor.jobs:
-            executor.run_next()
+        executor.run_all()
         runner.turn()
     # every commit had its records settled, every record was applied once, in
     # offset order per partition, and the offsets reached the end of each log.
