@@ -12,8 +12,9 @@ event), the wall clock (seconds since the epoch) at each stage it passes::
     offset-acked  the broker confirmed an offset past it
 
 and appends them to ``PATH``, one line each: ``stage topic partition offset
-seconds``. Lines are written in blocks as they accumulate and the rest when
-the worker stops; the members of ``--processes N`` append to the same file.
+seconds``. Lines are written in blocks as they accumulate, on a thread of
+their own (so a block never holds up a poll), and the rest when the worker
+stops; the members of ``--processes N`` append to the same file.
 Set beside the producer's own clock (the record's timestamp, or a time in
 its payload) and the broker's append time (a ``LogAppendTime`` topic), the
 stamps say where an event's latency goes.
@@ -28,11 +29,13 @@ lost in the noise of a run.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from kinbox.core.errors import ConfigurationError, TransportError
 from kinbox.core.event import Event
@@ -40,6 +43,8 @@ from kinbox.core.outcome import Step
 from kinbox.core.record import Record
 from kinbox.core.transport import ForwardingTransport, Partition, RebalanceListener, Transport
 from kinbox.middleware.base import Middleware, WorkerInfo
+
+log = logging.getLogger(__name__)
 
 ENV = "KINBOX_STAGE_STAMPS"
 """Where the stamps go; unset: no stamps."""
@@ -51,7 +56,7 @@ STAGES = ("fetched", "batch", "handler", "commit", "offset-sent", "offset-acked"
 """The stages, in the order an event passes them."""
 
 FLUSH_EVERY = 20_000
-"""Stamps kept before a block of them is written (on the polling thread, between polls)."""
+"""Stamps kept before a block of them is handed to the writing thread."""
 
 _Row = tuple[str, str, int, int, float]
 
@@ -71,6 +76,9 @@ class StageStamps:
         self.every = every
         self._rows: list[_Row] = []
         self._writing = threading.Lock()
+        # Formatting and writing a block takes tens of milliseconds: on the
+        # polling thread, it would hold up every partition's records that long.
+        self._writer: ThreadPoolExecutor | None = None  # made for the first block
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> StageStamps | None:
@@ -99,14 +107,34 @@ class StageStamps:
         """Note that the event at ``topic[partition]@offset`` passed ``stage`` at ``when``."""
         self._rows.append((stage, topic, partition, offset, when))  # atomic under the GIL
 
-    def flush(self, *, unless_below: int = 0) -> None:
-        """Append the stamps noted so far to the file (if at least ``unless_below`` of them)."""
-        if len(self._rows) < max(1, unless_below):
+    def hand_off(self) -> None:
+        """Once :data:`FLUSH_EVERY` stamps are noted, queue them for the writing thread."""
+        if len(self._rows) < FLUSH_EVERY:
             return
-        with self._writing:
-            rows, self._rows = self._rows, []
-            with open(self.path, "a") as out:
-                out.write("".join(f"{s} {t} {p} {o} {w:.6f}\n" for s, t, p, o, w in rows))
+        rows, self._rows = self._rows, []
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="kinbox-stamps")
+        self._writer.submit(self._write_block, rows)
+
+    def flush(self) -> None:
+        """Write every stamp noted so far, after the blocks handed off before it."""
+        rows, self._rows = self._rows, []
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+        self._write(rows)
+
+    def _write_block(self, rows: list[_Row]) -> None:
+        try:
+            self._write(rows)
+        except OSError as exc:  # a diagnostic: the worker goes on without it
+            log.warning("could not write %d stage stamps to %s: %s", len(rows), self.path, exc)
+
+    def _write(self, rows: list[_Row]) -> None:
+        if not rows:
+            return
+        with self._writing, open(self.path, "a") as out:
+            out.write("".join(f"{s} {t} {p} {o} {w:.6f}\n" for s, t, p, o, w in rows))
 
     def transport(self, inner: Transport) -> Transport:
         """``inner``, stamping ``fetched`` and the offset commits."""
@@ -198,7 +226,7 @@ class StampedTransport(ForwardingTransport):
 
     def poll(self, max_messages: int, timeout: float) -> list[Record]:
         """See :meth:`Transport.poll`; stamps ``fetched``."""
-        self._stamps.flush(unless_below=FLUSH_EVERY)
+        self._stamps.hand_off()
         records = self._inner.poll(max_messages, timeout)
         now = time.time()
         for record in records:

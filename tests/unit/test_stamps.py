@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,44 @@ def test_every_sampled_event_passes_every_stage_in_order(tmp_path: Path, batch: 
     for passed in seen.values():
         assert [s for _, s in passed] == list(stamps.STAGES)
         assert [w for w, _ in passed] == sorted(w for w, _ in passed)
+
+
+def test_blocks_are_written_off_the_polling_thread_and_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given stamps that hand a block over every 4 stamps
+    monkeypatch.setattr(stamps, "FLUSH_EVERY", 4)
+    path = tmp_path / "stamps"
+    taken = stamps.StageStamps(str(path))
+    writers: list[str] = []
+    write = taken._write
+
+    def noting(rows: list[Any]) -> None:
+        writers.append(threading.current_thread().name)
+        write(rows)
+
+    monkeypatch.setattr(taken, "_write", noting)
+    # When ten are noted, each followed by a poll's hand-off, and the worker stops
+    for offset in range(10):
+        taken.stamp("fetched", T, 0, offset, float(offset))
+        taken.hand_off()
+    taken.flush()
+    # Then both whole blocks were written by the stamps' own thread, the rest at the stop,
+    # and the file holds every stamp once, in the order noted
+    me = threading.current_thread().name
+    assert len(writers) == 3 and all(w.startswith("kinbox-stamps") for w in writers[:2])
+    assert writers[2] == me
+    offsets = [int(line.split()[3]) for line in path.read_text().splitlines()]
+    assert offsets == list(range(10))
+
+
+def test_a_block_that_cannot_be_written_is_logged_and_the_worker_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(stamps, "FLUSH_EVERY", 2)
+    taken = stamps.StageStamps(str(tmp_path / "missing" / "stamps"))
+    for offset in range(2):
+        taken.stamp("fetched", T, 0, offset, 0.0)
+    taken.hand_off()
+    taken._writer.shutdown(wait=True)  # type: ignore[union-attr]
+    assert "could not write 2 stage stamps" in caplog.text
