@@ -6,8 +6,9 @@ from typing import Any
 
 import psycopg
 
-from kinbox.core.errors import SchemaError, StoreError
+from kinbox.core.errors import SchemaError
 from kinbox.core.names import sql_identifier
+from kinbox.store.errors import translate
 from kinbox.store.migrations import check
 from producer_outbox.schema import OUTBOX
 
@@ -27,7 +28,8 @@ def connect(database_url: str, schema: str) -> Connection:
     try:
         conn = psycopg.connect(database_url, autocommit=True)
     except psycopg.Error as exc:
-        raise StoreError(str(exc), transient=True) from exc
+        # Judged as the inbox judges a failed connect (kinbox.store.errors).
+        raise translate(exc) from exc
     try:
         check(conn, schema, OUTBOX)
     except SchemaError:

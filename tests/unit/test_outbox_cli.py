@@ -7,6 +7,8 @@ from click.testing import CliRunner
 
 from kinbox.cli.outbox import outbox
 from kinbox.core.config import redact_url
+from kinbox.core.errors import StoreError
+from producer_outbox import database
 
 
 @pytest.mark.parametrize("command", ["relay", "status", "requeue", "cleanup", "debezium-config"])
@@ -66,6 +68,14 @@ def test_unreachable_database_exits_3_without_the_password() -> None:
     )
     assert result.exit_code == 3
     assert "hunter2" not in result.output
+
+
+def test_a_failed_connect_is_judged_as_the_inbox_judges_it() -> None:
+    # No server answers on port 1: an outage, so worth a retry.
+    with pytest.raises(StoreError) as caught:
+        database.connect("postgresql://u@127.0.0.1:1/db", "kinbox")
+    assert caught.value.transient
+    assert str(caught.value).startswith("OperationalError: connection failed")
 
 
 def test_redact_masks_url_and_conninfo_passwords() -> None:
