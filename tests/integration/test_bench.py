@@ -172,6 +172,8 @@ def test_quick_mode_runs_and_checks_every_contender_in_every_scenario(
             assert notes["windows"] and notes["worst_window_p99_ms"] >= max(
                 w["p99_ms"] for w in notes["windows"]
             )
+            worst = notes["worst_window_p99_ms"]
+            assert 0 < notes["worst_window_from_append_p99_ms"] <= worst + 1, latency
             assert notes["cpu_us_per_event"] > 0 and notes["cores"] > 0, latency
             # The feeder's clock started once its producer was ready (its id, if idempotent)
             assert notes["producer_ready_ms"] >= 0, latency

@@ -135,7 +135,7 @@ def test_a_latency_note_is_the_median_over_the_runs_as_the_whole_is() -> None:
         RunResult("latency-1000-plain", "kinbox-each", rep, p50_ms=p50, p99_ms=p99,
                   notes={"from_append_p50_ms": a50, "from_append_p99_ms": a99,
                          "steal_pct": steal, "samples": rep, "worst_window_p99_ms": a99,
-                         "cpu_us_per_event": 300.0})
+                         "worst_window_from_append_p99_ms": a50, "cpu_us_per_event": 300.0})
         for rep, (p50, p99, a50, a99, steal) in enumerate(
             [(6.0, 50.0, 5.0, 45.0, 3.0), (5.0, 40.0, 4.0, 30.0, 1.0), (9.0, 90.0, 8.0, 80.0, 9.0)]
         )
@@ -148,11 +148,13 @@ def test_a_latency_note_is_the_median_over_the_runs_as_the_whole_is() -> None:
     assert (summary.p50_ms, summary.p99_ms) == (6.0, 50.0)
     assert summary.notes == {
         "from_append_p50_ms": 5.0, "from_append_p99_ms": 45.0, "steal_pct": 3.0, "samples": 2,
-        "worst_window_p99_ms": 45.0, "cpu_us_per_event": 300.0,
+        "worst_window_p99_ms": 45.0, "worst_window_from_append_p99_ms": 5.0,
+        "cpu_us_per_event": 300.0,
     }  # fmt: skip
     headline = report.headline([summary, hand])
     assert (headline["each_1000_plain_p50_ms"], headline["each_1000_plain_p99_ms"]) == (6.0, 50.0)
     assert headline["each_1000_plain_worst_window_p99_ms"] == 45.0
+    assert headline["each_1000_plain_worst_window_from_append_p99_ms"] == 5.0
     assert headline["each_1000_plain_cpu_vs_hand"] == pytest.approx(0.75)
     assert headline["hand_1000_plain_p99_ms"] == 20.0
 
