@@ -55,8 +55,13 @@ EVERY_ENV = "KINBOX_STAGE_STAMPS_EVERY"
 STAGES = ("fetched", "batch", "handler", "commit", "offset-sent", "offset-acked")
 """The stages, in the order an event passes them."""
 
-FLUSH_EVERY = 20_000
-"""Stamps kept before a block of them is handed to the writing thread."""
+FLUSH_EVERY = 2_000
+"""Stamps kept before a block of them is handed to the writing thread.
+
+The thread formats a block holding the interpreter lock, and the threads
+that run the events wait for it meanwhile: a block is kept to what formats
+in a millisecond or two.
+"""
 
 _Row = tuple[str, str, int, int, float]
 
