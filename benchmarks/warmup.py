@@ -42,6 +42,15 @@ from kinbox.core.errors import KinboxError
 SECONDS = 120.0
 """How long the warm-up drives the broker (by default)."""
 
+STAMPED_BY = {TIMESTAMP_CREATE_TIME: "CreateTime", TIMESTAMP_LOG_APPEND_TIME: "LogAppendTime"}
+"""A consumed record's timestamp type, by the name its topic was created with."""
+
+TIMESTAMPS = tuple(STAMPED_BY.values())
+"""The topics' ``message.timestamp.type``: the producer's clock, and the broker's."""
+
+HEADERS: list[tuple[str, str | bytes | None]] = [("event-id", b"warm-up")]
+"""Every record's headers: the scenarios' records carry their event id in one."""
+
 
 def warm(bootstrap_servers: str, seconds: float = SECONDS) -> Counter[str]:
     """Produce and consume on throwaway topics for ``seconds``.
@@ -50,7 +59,7 @@ def warm(bootstrap_servers: str, seconds: float = SECONDS) -> Counter[str]:
         The records consumed, by their timestamp type (a :data:`TIMESTAMPS` name).
 
     Raises:
-        KinboxError: the topic could not be created or a record was not
+        KinboxError: a topic could not be created or a record was not
             acknowledged.
     """
     name = f"kinbox_warmup_{secrets.token_hex(4)}"
@@ -74,16 +83,6 @@ def warm(bootstrap_servers: str, seconds: float = SECONDS) -> Counter[str]:
         for future in admin.delete_topics(topics).values():
             with contextlib.suppress(KafkaException):
                 future.result(60)
-
-
-STAMPED_BY = {TIMESTAMP_CREATE_TIME: "CreateTime", TIMESTAMP_LOG_APPEND_TIME: "LogAppendTime"}
-"""A consumed record's timestamp type, by the name its topic was created with."""
-
-HEADERS: list[tuple[str, str | bytes | None]] = [("event-id", b"warm-up")]
-"""Every record's headers: the scenarios' records carry their event id in one."""
-
-TIMESTAMPS = ("CreateTime", "LogAppendTime")
-"""The topics' ``message.timestamp.type``: the producer's clock, and the broker's."""
 
 
 def _drive(bootstrap_servers: str, group: str, topics: list[str], until: float) -> Counter[str]:

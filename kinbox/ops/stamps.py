@@ -81,8 +81,8 @@ class StageStamps:
         self.every = every
         self._rows: list[_Row] = []
         self._writing = threading.Lock()
-        # Formatting and writing a block takes tens of milliseconds: on the
-        # polling thread, it would hold up every partition's records that long.
+        # Blocks are written on a thread of their own: the file's I/O on the
+        # polling thread would hold up every partition's records meanwhile.
         self._writer: ThreadPoolExecutor | None = None  # made for the first block
 
     @classmethod
